@@ -1,0 +1,217 @@
+// Python bindings of the native core (module saria._native).
+//
+// Keys cross the boundary as C-contiguous uint8 arrays of shape (n, 32): one
+// call per run of blocks, never one per block. The heavy calls release the GIL
+// while they work; the Python facade serialises access with its own lock.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include "index/radix_core.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using saria::EvictedBlock;
+using saria::kKeyBytes;
+using saria::RadixCore;
+
+using KeyArray = nb::ndarray<const uint8_t, nb::shape<-1, 32>, nb::c_contig, nb::device::cpu>;
+using OneKey = nb::ndarray<const uint8_t, nb::shape<32>, nb::c_contig, nb::device::cpu>;
+using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using U32Array = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+namespace {
+
+// A numpy array that owns a heap copy of `v`.
+template <typename T>
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T>(heap->data(), shape.size(), shape.begin(), owner);
+}
+
+nb::dict evicted_to_dict(std::vector<EvictedBlock>&& ev) {
+  size_t k = ev.size();
+  std::vector<uint8_t> keys(k * kKeyBytes);
+  std::vector<uint32_t> slot(k), reuse(k), hits(k), dram_ev(k), session(k), depth(k);
+  std::vector<uint8_t> tiers(k), child(k);
+  std::vector<double> last(k);
+  for (size_t i = 0; i < k; ++i) {
+    std::memcpy(&keys[i * kKeyBytes], ev[i].key.w, kKeyBytes);
+    slot[i] = ev[i].slot;
+    reuse[i] = ev[i].reuse;
+    hits[i] = ev[i].hits;
+    dram_ev[i] = ev[i].dram_evictions;
+    session[i] = ev[i].session;
+    depth[i] = ev[i].depth;
+    tiers[i] = ev[i].tiers_after;
+    child[i] = ev[i].child_tiers;
+    last[i] = ev[i].last_access;
+  }
+  nb::dict d;
+  d["keys"] = to_numpy(std::move(keys), {k, kKeyBytes});
+  d["slots"] = to_numpy(std::move(slot), {k});
+  d["reuse"] = to_numpy(std::move(reuse), {k});
+  d["hits"] = to_numpy(std::move(hits), {k});
+  d["dram_evictions"] = to_numpy(std::move(dram_ev), {k});
+  d["session"] = to_numpy(std::move(session), {k});
+  d["depth"] = to_numpy(std::move(depth), {k});
+  d["tiers_after"] = to_numpy(std::move(tiers), {k});
+  d["child_tiers"] = to_numpy(std::move(child), {k});
+  d["last_access"] = to_numpy(std::move(last), {k});
+  return d;
+}
+
+}  // namespace
+
+NB_MODULE(_native, m) {
+  m.doc() = "saria native core: the radix-tree index";
+  m.attr("KEY_BYTES") = kKeyBytes;
+  m.attr("NUM_TIERS") = saria::kNumTiers;
+  m.attr("NO_SLOT") = saria::kNil;
+
+  nb::class_<RadixCore>(m, "RadixCore")
+      .def(nb::init<uint64_t, bool>(), "max_nodes"_a, "hybrid"_a)
+      .def(
+          "match",
+          [](const RadixCore& c, KeyArray keys) {
+            size_t n = keys.shape(0);
+            std::vector<uint8_t> masks(n), ckpt(n);
+            std::vector<uint32_t> slots(n);
+            saria::MatchResult r;
+            {
+              nb::gil_scoped_release rel;
+              r = c.match(keys.data(), n, masks.data(), slots.data(), ckpt.data());
+            }
+            size_t k = r.n_known;
+            masks.resize(k);
+            slots.resize(k);
+            ckpt.resize(k);
+            return nb::make_tuple(r.n_known, r.n_avail, r.n_tier_by_tier, r.first_tier, r.n_usable,
+                                  r.ckpt_tier, r.ckpt_slot, to_numpy(std::move(masks), {k}),
+                                  to_numpy(std::move(slots), {k}), to_numpy(std::move(ckpt), {k}));
+          },
+          "keys"_a)
+      .def(
+          "touch",
+          [](RadixCore& c, KeyArray keys, uint32_t n_hit, uint32_t ckpt_at, double now) {
+            nb::gil_scoped_release rel;
+            return c.touch(keys.data(), keys.shape(0), n_hit, ckpt_at, now);
+          },
+          "keys"_a, "n_hit"_a, "ckpt_at"_a, "now"_a)
+      .def(
+          "add",
+          [](RadixCore& c, KeyArray keys, int tier, I64Array where, U32Array slots, uint32_t session,
+             double now) {
+            if (where.shape(0) != slots.shape(0))
+              throw std::invalid_argument("add: `where` and `slots` differ in length");
+            nb::gil_scoped_release rel;
+            return c.add(keys.data(), keys.shape(0), tier, where.data(), slots.data(),
+                         where.shape(0), session, now);
+          },
+          "keys"_a, "tier"_a, "where"_a, "slots"_a, "session"_a, "now"_a)
+      .def(
+          "remove",
+          [](RadixCore& c, KeyArray keys, int tier, double now) {
+            size_t k = keys.shape(0);
+            std::vector<uint32_t> out(k);
+            {
+              nb::gil_scoped_release rel;
+              c.remove(keys.data(), k, tier, out.data(), now);
+            }
+            return to_numpy(std::move(out), {k});
+          },
+          "keys"_a, "tier"_a, "now"_a)
+      .def(
+          "evict",
+          [](RadixCore& c, int tier, size_t count, double cutoff, double now) {
+            std::vector<EvictedBlock> ev;
+            {
+              nb::gil_scoped_release rel;
+              ev = c.evict(tier, count, cutoff, now);
+            }
+            return evicted_to_dict(std::move(ev));
+          },
+          "tier"_a, "count"_a, "cutoff"_a, "now"_a)
+      .def("lock", [](RadixCore& c, KeyArray keys) { c.lock(keys.data(), keys.shape(0)); }, "keys"_a)
+      .def(
+          "unlock",
+          [](RadixCore& c, KeyArray keys, double now) { c.unlock(keys.data(), keys.shape(0), now); },
+          "keys"_a, "now"_a)
+      .def(
+          "ckpt_add",
+          [](RadixCore& c, OneKey key, int tier, uint32_t slot, double now) {
+            c.ckpt_add(key.data(), tier, slot, now);
+          },
+          "key"_a, "tier"_a, "slot"_a, "now"_a)
+      .def(
+          "ckpt_remove",
+          [](RadixCore& c, OneKey key, int tier, double now) { return c.ckpt_remove(key.data(), tier, now); },
+          "key"_a, "tier"_a, "now"_a)
+      .def(
+          "ckpt_evict",
+          [](RadixCore& c, int tier, size_t count, double cutoff, double now) {
+            return evicted_to_dict(c.ckpt_evict(tier, count, cutoff, now));
+          },
+          "tier"_a, "count"_a, "cutoff"_a, "now"_a)
+      .def(
+          "slot_of", [](const RadixCore& c, OneKey key, int tier) { return c.slot_of(key.data(), tier); },
+          "key"_a, "tier"_a)
+      .def("num_nodes", &RadixCore::num_nodes)
+      .def("num_resident", &RadixCore::num_resident, "tier"_a)
+      .def("num_ghosts", &RadixCore::num_ghosts)
+      .def("num_checkpoints", &RadixCore::num_checkpoints)
+      .def("ghosts_dropped", &RadixCore::ghosts_dropped)
+      .def("memory_bytes", &RadixCore::memory_bytes)
+      .def("last_now", &RadixCore::last_now)
+      .def_static("node_bytes", []() { return RadixCore::node_bytes(); })
+      .def("check_invariants", &RadixCore::check_invariants)
+      .def("dump", [](const RadixCore& c) {
+        // Every live node, parents before children is NOT guaranteed: callers
+        // use the `index`/`parent` columns (parent 0 is the root).
+        std::vector<uint32_t> live = c.live_nodes();
+        size_t n = live.size();
+        std::vector<uint8_t> keys(n * kKeyBytes), tiers(n), ckpt(n);
+        std::vector<uint32_t> index(n), parent(n), slots(n * 3), ckpt_slots(n * 3), reuse(n),
+            hits(n), dram_ev(n), session(n), depth(n), lock(n);
+        std::vector<double> last(n);
+        for (size_t i = 0; i < n; ++i) {
+          const saria::Node& nd = c.node(live[i]);
+          std::memcpy(&keys[i * kKeyBytes], nd.key.w, kKeyBytes);
+          index[i] = live[i];
+          parent[i] = nd.parent;
+          tiers[i] = nd.tiers;
+          ckpt[i] = nd.ckpt;
+          const saria::Checkpoint* cp = c.checkpoint(live[i]);
+          for (int t = 0; t < 3; ++t) {
+            slots[i * 3 + t] = nd.slot[t];
+            ckpt_slots[i * 3 + t] = (cp && (nd.ckpt & (1u << t))) ? cp->slot[t] : saria::kNil;
+          }
+          reuse[i] = nd.reuse;
+          hits[i] = nd.hits;
+          dram_ev[i] = nd.dram_evictions;
+          session[i] = nd.session;
+          depth[i] = nd.depth;
+          lock[i] = nd.lock;
+          last[i] = nd.last_access;
+        }
+        nb::dict d;
+        d["keys"] = to_numpy(std::move(keys), {n, kKeyBytes});
+        d["index"] = to_numpy(std::move(index), {n});
+        d["parent"] = to_numpy(std::move(parent), {n});
+        d["tiers"] = to_numpy(std::move(tiers), {n});
+        d["ckpt"] = to_numpy(std::move(ckpt), {n});
+        d["slots"] = to_numpy(std::move(slots), {n, 3});
+        d["ckpt_slots"] = to_numpy(std::move(ckpt_slots), {n, 3});
+        d["reuse"] = to_numpy(std::move(reuse), {n});
+        d["hits"] = to_numpy(std::move(hits), {n});
+        d["dram_evictions"] = to_numpy(std::move(dram_ev), {n});
+        d["session"] = to_numpy(std::move(session), {n});
+        d["depth"] = to_numpy(std::move(depth), {n});
+        d["lock"] = to_numpy(std::move(lock), {n});
+        d["last_access"] = to_numpy(std::move(last), {n});
+        return d;
+      });
+}

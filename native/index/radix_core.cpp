@@ -1,0 +1,690 @@
+// Implementation of the radix-tree index core; see radix_core.h for the
+// invariants. Public operations first, helpers after.
+#include "index/radix_core.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace saria {
+
+namespace {
+
+struct KeyHash {
+  size_t operator()(const Key& k) const {
+    return static_cast<size_t>(k.w[0] ^ (k.w[1] * 0x9E3779B97F4A7C15ull) ^
+                               (k.w[2] * 0xC2B2AE3D27D4EB4Full) ^ (k.w[3] * 0x165667B19E3779F9ull));
+  }
+};
+
+inline int lowest_tier(uint8_t mask) {
+  for (int t = 0; t < kNumTiers; ++t)
+    if (mask & (1u << t)) return t;
+  return -1;
+}
+
+inline uint8_t bit(int l) { return static_cast<uint8_t>(1u << l); }
+
+inline uint8_t child_mask(const Node& nd) {
+  uint8_t m = 0;
+  for (int t = 0; t < kNumTiers; ++t)
+    if (nd.tier_children[t]) m |= bit(t);
+  return m;
+}
+
+[[noreturn]] void bad(const std::string& msg) { throw std::invalid_argument(msg); }
+
+}  // namespace
+
+RadixCore::RadixCore(uint64_t max_nodes, bool hybrid) : max_nodes_(max_nodes), hybrid_(hybrid) {
+  for (int l = 0; l < kNumLists; ++l) head_[l] = tail_[l] = kNil;
+  nodes_.reserve(1024);
+  nodes_.push_back(Node{});
+  Node& root = nodes_[kRoot];
+  std::memset(&root, 0, sizeof(Node));
+  root.parent = kNil;
+  root.live = 1;
+  table_.assign(1024, ~uint64_t{0});
+  mask_ = table_.size() - 1;
+}
+
+// ---------------------------------------------------------------- queries
+
+MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint32_t* slots,
+                             uint8_t* ckpt_masks) const {
+  MatchResult r{0, 0, 0, -1, 0, -1, kNil};
+  uint32_t prev = kRoot;
+  bool avail = true;
+  bool baseline_run = true;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t idx = find_key(load_key(keys + i * kKeyBytes));
+    if (idx == kNil || nodes_[idx].parent != prev) break;
+    const Node& nd = nodes_[idx];
+    masks[i] = nd.tiers;
+    int t = lowest_tier(nd.tiers);
+    slots[i] = t < 0 ? kNil : nd.slot[t];
+    ckpt_masks[i] = nd.ckpt;
+    r.n_known = static_cast<uint32_t>(i + 1);
+    if (avail && nd.tiers) {
+      r.n_avail = r.n_known;
+    } else {
+      avail = false;
+    }
+    if (i == 0) {
+      r.first_tier = t;
+      baseline_run = t >= 0;
+    }
+    if (baseline_run && r.first_tier >= 0 && (nd.tiers & bit(r.first_tier))) {
+      r.n_tier_by_tier = r.n_known;
+    } else {
+      baseline_run = false;
+    }
+    prev = idx;
+  }
+  if (!hybrid_) {
+    r.n_usable = r.n_avail;
+    return r;
+  }
+  for (uint32_t b = r.n_avail; b > 0; --b) {
+    if (ckpt_masks[b - 1]) {
+      r.n_usable = b;
+      r.ckpt_tier = lowest_tier(ckpt_masks[b - 1]);
+      uint32_t idx = find_key(load_key(keys + (b - 1) * kKeyBytes));
+      r.ckpt_slot = ckpts_.at(idx).slot[r.ckpt_tier];
+      break;
+    }
+  }
+  return r;
+}
+
+uint32_t RadixCore::slot_of(const uint8_t* key, int tier) const {
+  check_tier(tier);
+  uint32_t idx = find_key(load_key(key));
+  if (idx == kNil || !(nodes_[idx].tiers & bit(tier))) return kNil;
+  return nodes_[idx].slot[tier];
+}
+
+// -------------------------------------------------------------- mutations
+
+uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_t ckpt_at,
+                          double now) {
+  std::vector<uint32_t> path;
+  uint32_t m = walk(keys, n, &path);
+  if (n_hit > m) bad("touch: n_hit=" + std::to_string(n_hit) + " exceeds the " +
+                     std::to_string(m) + " known blocks");
+  if (ckpt_at > m) bad("touch: ckpt_at=" + std::to_string(ckpt_at) + " is past the known prefix");
+  if (ckpt_at > 0 && nodes_[path[ckpt_at - 1]].ckpt == 0)
+    bad("touch: no checkpoint at boundary " + std::to_string(ckpt_at));
+  now = advance(now);
+  // Deepest first, so that blocks touched together leave leaf-first.
+  for (uint32_t i = m; i-- > 0;) {
+    uint32_t idx = path[i];
+    Node& nd = nodes_[idx];
+    nd.reuse += 1;
+    if (i < n_hit) nd.hits += 1;
+    nd.last_access = now;
+    for (int t = 0; t < kNumTiers; ++t)
+      if (nd.tiers & bit(t)) {
+        nd.tier_time[t] = now;
+        if (nd.lock == 0) refresh(idx, t, now);
+      }
+    if (nd.tiers == 0 && nd.ckpt == 0 && nd.lock == 0) refresh(idx, kGhost, now);
+  }
+  if (ckpt_at > 0) {
+    uint32_t idx = path[ckpt_at - 1];
+    Checkpoint& c = ckpts_.at(idx);
+    for (int t = 0; t < kNumTiers; ++t)
+      if (nodes_[idx].ckpt & bit(t)) {
+        ckpt_lru_[t].erase(c.seq[t]);
+        c.seq[t] = ++seq_counter_;
+        c.tier_time[t] = now;
+        ckpt_lru_[t].emplace(c.seq[t], idx);
+      }
+  }
+  return m;
+}
+
+uint32_t RadixCore::add(const uint8_t* keys, size_t n, int tier, const int64_t* where,
+                        const uint32_t* slots, size_t k, uint32_t session, double now) {
+  check_tier(tier);
+  if (k == 0) return 0;
+  for (size_t j = 0; j < k; ++j) {
+    if (where[j] < 0 || static_cast<size_t>(where[j]) >= n)
+      bad("add: position " + std::to_string(where[j]) + " is outside the " + std::to_string(n) +
+          " keys given");
+    if (j > 0 && where[j] <= where[j - 1]) bad("add: positions must be strictly ascending");
+    if (slots[j] == kNil) bad("add: slot handle 0xFFFFFFFF is reserved");
+  }
+  const size_t last = static_cast<size_t>(where[k - 1]) + 1;  // path length needed
+  std::vector<uint32_t> path;
+  uint32_t m = walk(keys, last, &path);
+  // Validate the part to be created: no key may already exist elsewhere
+  // (a chained key names one prefix) and none may repeat.
+  if (m < last) {
+    std::unordered_set<Key, KeyHash> fresh;
+    for (size_t i = m; i < last; ++i) {
+      Key key = load_key(keys + i * kKeyBytes);
+      if (find_key(key) != kNil)
+        bad("add: key at position " + std::to_string(i) +
+            " is already indexed under a different prefix");
+      if (!fresh.insert(key).second)
+        bad("add: key at position " + std::to_string(i) + " repeats an earlier key of the path");
+    }
+  }
+  for (size_t j = 0; j < k; ++j) {
+    size_t p = static_cast<size_t>(where[j]);
+    if (p < m && (nodes_[path[p]].tiers & bit(tier)))
+      bad("add: block at position " + std::to_string(p) + " is already resident in tier " +
+          std::to_string(tier));
+  }
+  now = advance(now);
+  // Create missing nodes top-down (not yet linked anywhere).
+  uint32_t created = 0;
+  for (size_t i = m; i < last; ++i) {
+    uint32_t parent = i == 0 ? kRoot : path[i - 1];
+    path.push_back(new_node(load_key(keys + i * kKeyBytes), parent, session, now));
+    nodes_[path.back()].depth = static_cast<uint32_t>(i);
+    ++created;
+  }
+  // Residency and list order deepest first; created nodes that get no
+  // residency become metadata-only ghosts.
+  size_t j = k;
+  for (size_t i = last; i-- > 0;) {
+    bool in_where = j > 0 && static_cast<size_t>(where[j - 1]) == i;
+    if (in_where) {
+      --j;
+      set_tier(path[i], tier, slots[j], now);
+    } else if (i >= m) {
+      refresh(path[i], kGhost, now);
+    } else if (j == 0) {
+      break;
+    }
+  }
+  enforce_budget();
+  return created;
+}
+
+void RadixCore::remove(const uint8_t* keys, size_t k, int tier, uint32_t* out_slots, double now) {
+  check_tier(tier);
+  std::vector<uint32_t> idxs(k);
+  std::unordered_set<uint32_t> seen;
+  for (size_t j = 0; j < k; ++j) {
+    uint32_t idx = find_key(load_key(keys + j * kKeyBytes));
+    if (idx == kNil) bad("remove: key " + std::to_string(j) + " is not in the index");
+    if (!(nodes_[idx].tiers & bit(tier)))
+      bad("remove: key " + std::to_string(j) + " is not resident in tier " + std::to_string(tier));
+    if (!seen.insert(idx).second) bad("remove: key " + std::to_string(j) + " is listed twice");
+    idxs[j] = idx;
+  }
+  now = advance(now);
+  for (size_t j = 0; j < k; ++j) {
+    out_slots[j] = nodes_[idxs[j]].slot[tier];
+    clear_tier(idxs[j], tier, now);
+  }
+  enforce_budget();
+}
+
+std::vector<EvictedBlock> RadixCore::evict(int tier, size_t count, double cutoff, double now) {
+  check_tier(tier);
+  now = advance(now);
+  std::vector<EvictedBlock> out;
+  out.reserve(std::min<size_t>(count, 4096));
+  while (out.size() < count) {
+    uint32_t h = head_[tier];
+    if (h == kNil) break;
+    Node& nd = nodes_[h];
+    if (nd.tier_time[tier] > cutoff) break;  // the list is time-ordered
+    if (nd.tier_children[tier] > 0) {         // not a leaf in this tier: park
+      unlink(h, tier);
+      nd.parked |= bit(tier);
+      continue;
+    }
+    if (tier == kDram) nd.dram_evictions += 1;
+    EvictedBlock e;
+    e.key = nd.key;
+    e.slot = nd.slot[tier];
+    clear_tier(h, tier, now);
+    e.reuse = nd.reuse;
+    e.hits = nd.hits;
+    e.dram_evictions = nd.dram_evictions;
+    e.session = nd.session;
+    e.depth = nd.depth;
+    e.tiers_after = nd.tiers;
+    e.child_tiers = child_mask(nd);
+    e.last_access = nd.last_access;
+    out.push_back(e);
+  }
+  enforce_budget();
+  return out;
+}
+
+void RadixCore::lock(const uint8_t* keys, size_t n) {
+  std::vector<uint32_t> path;
+  uint32_t m = walk(keys, n, &path);
+  if (m < n) bad("lock: block at position " + std::to_string(m) + " is not in the index");
+  for (uint32_t idx : path) {
+    Node& nd = nodes_[idx];
+    if (nd.lock == 0xFFFFFFFFu) bad("lock: lock count overflow");
+  }
+  for (uint32_t idx : path) {
+    Node& nd = nodes_[idx];
+    if (nd.lock++ == 0) {
+      for (int l = 0; l < kNumLists; ++l) {
+        if (nd.linked & bit(l)) unlink(idx, l);
+        nd.parked &= static_cast<uint8_t>(~bit(l));
+      }
+    }
+  }
+}
+
+void RadixCore::unlock(const uint8_t* keys, size_t n, double now) {
+  std::vector<uint32_t> path;
+  uint32_t m = walk(keys, n, &path);
+  if (m < n) bad("unlock: block at position " + std::to_string(m) + " is not in the index");
+  for (size_t i = 0; i < path.size(); ++i)
+    if (nodes_[path[i]].lock == 0)
+      bad("unlock: block at position " + std::to_string(i) + " is not locked");
+  now = advance(now);
+  // Unlocking ends a use: the blocks re-enter their lists at the tail,
+  // deepest first.
+  for (size_t i = path.size(); i-- > 0;) {
+    uint32_t idx = path[i];
+    Node& nd = nodes_[idx];
+    if (--nd.lock > 0) continue;
+    for (int t = 0; t < kNumTiers; ++t)
+      if (nd.tiers & bit(t)) {
+        nd.tier_time[t] = now;
+        refresh(idx, t, now);
+      }
+    if (nd.tiers == 0 && nd.ckpt == 0) refresh(idx, kGhost, now);
+  }
+  enforce_budget();
+}
+
+// ------------------------------------------------------------ checkpoints
+
+void RadixCore::ckpt_add(const uint8_t* key, int tier, uint32_t slot, double now) {
+  check_tier(tier);
+  if (!hybrid_) bad("checkpoints need an index created with hybrid=True");
+  uint32_t idx = find_key(load_key(key));
+  if (idx == kNil) bad("ckpt_add: block is not in the index");
+  Node& nd = nodes_[idx];
+  if (nd.ckpt & bit(tier)) bad("ckpt_add: checkpoint already resident in tier " + std::to_string(tier));
+  if (slot == kNil) bad("ckpt_add: slot handle 0xFFFFFFFF is reserved");
+  now = advance(now);
+  if (nd.tiers == 0 && nd.ckpt == 0) {  // leaves the metadata-only state
+    if (nd.linked & bit(kGhost)) unlink(idx, kGhost);
+    nd.parked &= static_cast<uint8_t>(~bit(kGhost));
+    --ghosts_;
+  }
+  nd.ckpt |= bit(tier);
+  Checkpoint& c = ckpts_[idx];
+  c.slot[tier] = slot;
+  c.tier_time[tier] = now;
+  c.seq[tier] = ++seq_counter_;
+  ckpt_lru_[tier].emplace(c.seq[tier], idx);
+}
+
+uint32_t RadixCore::ckpt_remove(const uint8_t* key, int tier, double now) {
+  check_tier(tier);
+  uint32_t idx = find_key(load_key(key));
+  if (idx == kNil || !(nodes_[idx].ckpt & bit(tier)))
+    bad("ckpt_remove: no checkpoint for this block in tier " + std::to_string(tier));
+  now = advance(now);
+  Checkpoint& c = ckpts_.at(idx);
+  uint32_t slot = c.slot[tier];
+  ckpt_lru_[tier].erase(c.seq[tier]);
+  Node& nd = nodes_[idx];
+  nd.ckpt &= static_cast<uint8_t>(~bit(tier));
+  if (nd.ckpt == 0) ckpts_.erase(idx);
+  if (nd.tiers == 0 && nd.ckpt == 0) {
+    ++ghosts_;
+    if (nd.lock == 0) refresh(idx, kGhost, now);
+  }
+  enforce_budget();
+  return slot;
+}
+
+std::vector<EvictedBlock> RadixCore::ckpt_evict(int tier, size_t count, double cutoff, double now) {
+  check_tier(tier);
+  now = advance(now);
+  std::vector<EvictedBlock> out;
+  auto it = ckpt_lru_[tier].begin();
+  while (out.size() < count && it != ckpt_lru_[tier].end()) {
+    uint32_t idx = it->second;
+    const Checkpoint& c = ckpts_.at(idx);
+    if (c.tier_time[tier] > cutoff) break;
+    if (nodes_[idx].lock > 0) {  // in use by a transfer
+      ++it;
+      continue;
+    }
+    ++it;  // ckpt_remove erases the current entry
+    EvictedBlock e;
+    const Node& nd = nodes_[idx];
+    e.key = nd.key;
+    e.reuse = nd.reuse;
+    e.hits = nd.hits;
+    e.dram_evictions = nd.dram_evictions;
+    e.session = nd.session;
+    e.depth = nd.depth;
+    e.last_access = nd.last_access;
+    uint8_t kb[kKeyBytes];
+    std::memcpy(kb, nd.key.w, kKeyBytes);
+    e.slot = ckpt_remove(kb, tier, now);
+    e.tiers_after = nodes_[idx].live ? nodes_[idx].ckpt : 0;
+    e.child_tiers = nodes_[idx].live ? child_mask(nodes_[idx]) : 0;
+    out.push_back(e);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------- introspection
+
+size_t RadixCore::memory_bytes() const {
+  return nodes_.capacity() * sizeof(Node) + free_.capacity() * sizeof(uint32_t) +
+         table_.capacity() * sizeof(uint64_t) +
+         ckpts_.size() * (sizeof(Checkpoint) + 48) +
+         (ckpt_lru_[0].size() + ckpt_lru_[1].size() + ckpt_lru_[2].size()) * 48;
+}
+
+std::vector<uint32_t> RadixCore::live_nodes() const {
+  std::vector<uint32_t> out;
+  out.reserve(num_nodes_);
+  for (uint32_t i = 1; i < nodes_.size(); ++i)
+    if (nodes_[i].live) out.push_back(i);
+  return out;
+}
+
+void RadixCore::check_invariants() const {
+  auto fail = [](const std::string& m) { throw std::logic_error("index invariant broken: " + m); };
+  std::vector<uint32_t> kids(nodes_.size(), 0);
+  std::vector<uint32_t> tkids(nodes_.size() * kNumTiers, 0);
+  size_t live = 0, res[kNumTiers] = {0, 0, 0}, ghosts = 0;
+  for (uint32_t i = 1; i < nodes_.size(); ++i) {
+    const Node& nd = nodes_[i];
+    if (!nd.live) continue;
+    ++live;
+    if (find_key(nd.key) != i) fail("node not found by its key");
+    if (nd.parent >= nodes_.size() || !nodes_[nd.parent].live) fail("dangling parent");
+    kids[nd.parent]++;
+    for (int t = 0; t < kNumTiers; ++t)
+      if (nd.tiers & bit(t)) {
+        res[t]++;
+        tkids[nd.parent * kNumTiers + t]++;
+      }
+    if (nd.tiers == 0 && nd.ckpt == 0) ghosts++;
+    if ((nd.ckpt != 0) != (ckpts_.count(i) == 1)) fail("checkpoint table out of sync");
+    for (int l = 0; l < kNumLists; ++l) {
+      bool want = wants_list(nd, l);
+      bool linked = nd.linked & bit(l), parked = nd.parked & bit(l);
+      if (linked && parked) fail("node both linked and parked");
+      if (want != (linked || parked)) fail("list membership wrong for list " + std::to_string(l));
+    }
+  }
+  if (live != num_nodes_) fail("node count");
+  if (ghosts != ghosts_) fail("ghost count");
+  for (int t = 0; t < kNumTiers; ++t)
+    if (res[t] != resident_[t]) fail("resident count of tier " + std::to_string(t));
+  for (uint32_t i = 1; i < nodes_.size(); ++i) {
+    const Node& nd = nodes_[i];
+    if (!nd.live) continue;
+    if (nd.n_children != kids[i]) fail("child count");
+    for (int t = 0; t < kNumTiers; ++t) {
+      if (nd.tier_children[t] != tkids[i * kNumTiers + t]) fail("tier child count");
+      if ((nd.parked & bit(t)) && nd.tier_children[t] == 0) fail("parked leaf in tier");
+    }
+    if ((nd.parked & bit(kGhost)) && nd.n_children == 0) fail("parked childless ghost");
+  }
+  for (int l = 0; l < kNumLists; ++l) {
+    uint32_t prev = kNil;
+    size_t count = 0;
+    for (uint32_t c = head_[l]; c != kNil; c = nodes_[c].next[l]) {
+      const Node& nd = nodes_[c];
+      if (!(nd.linked & bit(l))) fail("unmarked node in list");
+      if (nd.prev[l] != prev) fail("broken back link");
+      if (prev != kNil) {
+        if (nodes_[prev].seq[l] >= nd.seq[l]) fail("list not in seq order");
+        if (l < kNumTiers && nodes_[prev].tier_time[l] > nd.tier_time[l]) fail("list not in time order");
+      }
+      prev = c;
+      if (++count > nodes_.size()) fail("cycle in list");
+    }
+    if (tail_[l] != prev) fail("tail pointer");
+  }
+}
+
+// ---------------------------------------------------------------- helpers
+
+uint64_t RadixCore::hash_key(const Key& k) {
+  uint64_t h = k.w[0] * 0x9E3779B97F4A7C15ull;
+  h ^= k.w[1] * 0xC2B2AE3D27D4EB4Full;
+  h = (h ^ (h >> 31)) * 0x94D049BB133111EBull;
+  h ^= k.w[2] * 0x165667B19E3779F9ull;
+  h ^= k.w[3] * 0xD6E8FEB86659FD93ull;
+  h ^= h >> 32;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 29;
+  return h;
+}
+
+// Table entries pack (hash tag << 32 | node index); ~0 is empty. The tag
+// avoids touching a node's key on most probe mismatches.
+uint32_t RadixCore::find_key(const Key& k) const {
+  uint64_t h = hash_key(k);
+  uint32_t tag = static_cast<uint32_t>(h >> 32);
+  for (uint64_t pos = h & mask_;; pos = (pos + 1) & mask_) {
+    uint64_t e = table_[pos];
+    if (e == ~uint64_t{0}) return kNil;
+    if (static_cast<uint32_t>(e >> 32) == tag) {
+      uint32_t idx = static_cast<uint32_t>(e);
+      if (nodes_[idx].key == k) return idx;
+    }
+  }
+}
+
+void RadixCore::table_insert(uint32_t idx) {
+  if ((num_nodes_ + 1) * 2 > table_.size()) table_grow();
+  uint64_t h = hash_key(nodes_[idx].key);
+  uint64_t e = (h >> 32 << 32) | idx;
+  uint64_t pos = h & mask_;
+  while (table_[pos] != ~uint64_t{0}) pos = (pos + 1) & mask_;
+  table_[pos] = e;
+}
+
+void RadixCore::table_erase(uint32_t idx) {
+  uint64_t h = hash_key(nodes_[idx].key);
+  uint64_t pos = h & mask_;
+  while (static_cast<uint32_t>(table_[pos]) != idx || table_[pos] == ~uint64_t{0})
+    pos = (pos + 1) & mask_;
+  // Backward-shift deletion keeps probe chains intact without tombstones.
+  table_[pos] = ~uint64_t{0};
+  uint64_t j = pos;
+  for (;;) {
+    j = (j + 1) & mask_;
+    uint64_t e = table_[j];
+    if (e == ~uint64_t{0}) break;
+    uint64_t home = hash_key(nodes_[static_cast<uint32_t>(e)].key) & mask_;
+    bool between = pos <= j ? (home > pos && home <= j) : (home > pos || home <= j);
+    if (!between) {
+      table_[pos] = e;
+      table_[j] = ~uint64_t{0};
+      pos = j;
+    }
+  }
+}
+
+void RadixCore::table_grow() {
+  std::vector<uint64_t> old;
+  old.swap(table_);
+  table_.assign(old.size() * 2, ~uint64_t{0});
+  mask_ = table_.size() - 1;
+  for (uint64_t e : old) {
+    if (e == ~uint64_t{0}) continue;
+    uint64_t pos = hash_key(nodes_[static_cast<uint32_t>(e)].key) & mask_;
+    while (table_[pos] != ~uint64_t{0}) pos = (pos + 1) & mask_;
+    table_[pos] = e;
+  }
+}
+
+uint32_t RadixCore::new_node(const Key& k, uint32_t parent, uint32_t session, double now) {
+  uint32_t idx;
+  if (!free_.empty()) {
+    idx = free_.back();
+    free_.pop_back();
+  } else {
+    if (nodes_.size() >= kNil - 1) throw std::length_error("index is full (2^32 nodes)");
+    idx = static_cast<uint32_t>(nodes_.size());
+    nodes_.emplace_back();
+  }
+  Node& nd = nodes_[idx];
+  std::memset(&nd, 0, sizeof(Node));
+  nd.key = k;
+  nd.parent = parent;
+  nd.session = session;
+  nd.last_access = now;
+  for (int t = 0; t < kNumTiers; ++t) nd.slot[t] = kNil;
+  for (int l = 0; l < kNumLists; ++l) nd.prev[l] = nd.next[l] = kNil;
+  nd.live = 1;
+  nodes_[parent].n_children++;
+  table_insert(idx);
+  ++num_nodes_;
+  ++ghosts_;  // holds nothing until set_tier
+  return idx;
+}
+
+void RadixCore::drop_node(uint32_t idx) {
+  Node& nd = nodes_[idx];
+  if (nd.linked & bit(kGhost)) unlink(idx, kGhost);
+  table_erase(idx);
+  uint32_t p = nd.parent;
+  nd.live = 0;
+  --ghosts_;
+  --num_nodes_;
+  ++ghosts_dropped_;
+  free_.push_back(idx);
+  Node& pn = nodes_[p];
+  pn.n_children--;
+  if (p != kRoot && pn.n_children == 0 && (pn.parked & bit(kGhost))) {
+    pn.parked &= static_cast<uint8_t>(~bit(kGhost));
+    link_sorted(p, kGhost);
+  }
+}
+
+bool RadixCore::wants_list(const Node& nd, int l) const {
+  if (nd.lock > 0) return false;
+  if (l < kNumTiers) return nd.tiers & bit(l);
+  return nd.tiers == 0 && nd.ckpt == 0;
+}
+
+void RadixCore::link_tail(uint32_t idx, int l) {
+  Node& nd = nodes_[idx];
+  nd.prev[l] = tail_[l];
+  nd.next[l] = kNil;
+  if (tail_[l] != kNil) nodes_[tail_[l]].next[l] = idx; else head_[l] = idx;
+  tail_[l] = idx;
+  nd.linked |= bit(l);
+}
+
+// Puts a node back in seq order; only unparked nodes need this, and they are
+// older than nearly everything in the list, so the walk from the head is short.
+void RadixCore::link_sorted(uint32_t idx, int l) {
+  Node& nd = nodes_[idx];
+  uint32_t after = kNil;
+  uint32_t c = head_[l];
+  while (c != kNil && nodes_[c].seq[l] < nd.seq[l]) {
+    after = c;
+    c = nodes_[c].next[l];
+  }
+  nd.prev[l] = after;
+  nd.next[l] = c;
+  if (after != kNil) nodes_[after].next[l] = idx; else head_[l] = idx;
+  if (c != kNil) nodes_[c].prev[l] = idx; else tail_[l] = idx;
+  nd.linked |= bit(l);
+}
+
+void RadixCore::unlink(uint32_t idx, int l) {
+  Node& nd = nodes_[idx];
+  if (nd.prev[l] != kNil) nodes_[nd.prev[l]].next[l] = nd.next[l]; else head_[l] = nd.next[l];
+  if (nd.next[l] != kNil) nodes_[nd.next[l]].prev[l] = nd.prev[l]; else tail_[l] = nd.prev[l];
+  nd.prev[l] = nd.next[l] = kNil;
+  nd.linked &= static_cast<uint8_t>(~bit(l));
+}
+
+void RadixCore::refresh(uint32_t idx, int l, double /*now*/) {
+  Node& nd = nodes_[idx];
+  if (nd.linked & bit(l)) unlink(idx, l);
+  nd.parked &= static_cast<uint8_t>(~bit(l));
+  nd.seq[l] = ++seq_counter_;
+  link_tail(idx, l);
+}
+
+void RadixCore::set_tier(uint32_t idx, int tier, uint32_t slot, double now) {
+  Node& nd = nodes_[idx];
+  if (nd.tiers == 0 && nd.ckpt == 0) {  // leaves the metadata-only state
+    if (nd.linked & bit(kGhost)) unlink(idx, kGhost);
+    nd.parked &= static_cast<uint8_t>(~bit(kGhost));
+    --ghosts_;
+  }
+  nd.tiers |= bit(tier);
+  nd.slot[tier] = slot;
+  nd.tier_time[tier] = now;
+  ++resident_[tier];
+  if (nd.parent != kRoot) nodes_[nd.parent].tier_children[tier]++;
+  if (nd.lock == 0) refresh(idx, tier, now);
+}
+
+void RadixCore::clear_tier(uint32_t idx, int tier, double now) {
+  Node& nd = nodes_[idx];
+  if (nd.linked & bit(tier)) unlink(idx, tier);
+  nd.parked &= static_cast<uint8_t>(~bit(tier));
+  nd.tiers &= static_cast<uint8_t>(~bit(tier));
+  nd.slot[tier] = kNil;
+  --resident_[tier];
+  child_left_tier(nd.parent, tier);
+  if (nd.tiers == 0 && nd.ckpt == 0) {
+    ++ghosts_;
+    if (nd.lock == 0) refresh(idx, kGhost, now);
+  }
+}
+
+void RadixCore::child_left_tier(uint32_t parent, int tier) {
+  if (parent == kRoot) return;
+  Node& pn = nodes_[parent];
+  if (--pn.tier_children[tier] == 0 && (pn.parked & bit(tier))) {
+    pn.parked &= static_cast<uint8_t>(~bit(tier));
+    link_sorted(parent, tier);
+  }
+}
+
+void RadixCore::enforce_budget() {
+  while (num_nodes_ > max_nodes_) {
+    uint32_t h = head_[kGhost];
+    if (h == kNil) break;  // only resident (or locked) nodes left: soft bound
+    Node& nd = nodes_[h];
+    if (nd.n_children > 0) {
+      unlink(h, kGhost);
+      nd.parked |= bit(kGhost);
+      continue;
+    }
+    drop_node(h);
+  }
+}
+
+uint32_t RadixCore::walk(const uint8_t* keys, size_t n, std::vector<uint32_t>* path) const {
+  uint32_t prev = kRoot;
+  path->clear();
+  path->reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t idx = find_key(load_key(keys + i * kKeyBytes));
+    if (idx == kNil || nodes_[idx].parent != prev) break;
+    path->push_back(idx);
+    prev = idx;
+  }
+  return static_cast<uint32_t>(path->size());
+}
+
+void RadixCore::check_tier(int tier) const {
+  if (tier < 0 || tier >= kNumTiers)
+    bad("unknown tier " + std::to_string(tier) + " (valid: 0=GPU, 1=DRAM, 2=SSD)");
+}
+
+}  // namespace saria

@@ -1,0 +1,232 @@
+// The unified radix-tree index core: one node per cached prefix block.
+//
+// Block keys are chained hashes (a key names the whole prefix up to its
+// block), so the tree over block keys is a trie whose edges are blocks: a
+// node's parent is the node of the previous block of the same prefix. Nodes
+// are addressed by their 32-byte key through an open-addressing hash table and
+// hold, per block: residency in each tier (GPU, DRAM, SSD) with a slot handle
+// per tier, the block's history (reuse count, hit count, DRAM evictions, last
+// access time, creating session) and links into intrusive recency lists.
+//
+// Invariants (checked by tests against a brute-force Python model):
+//  * every node except the root sentinel is in the hash table exactly once;
+//    node.parent is the node of the previous block (kRoot for block 0);
+//  * tier_children[t] == number of children resident in tier t;
+//    n_children == number of children;
+//  * a node is linked in tier list t iff it is resident in t, unlocked and not
+//    parked in t; it is linked in the ghost list iff it holds nothing in any
+//    tier (no KV, no checkpoint), is unlocked and not parked there;
+//  * every list is sorted by its seq (ascending from head), and within a tier
+//    list tier_time is non-decreasing too (the clock never goes backwards:
+//    now = max(now, last_now));
+//  * a node is "parked" in a list when a scan found it at the head but it was
+//    not a leaf for that list (it had a child resident in the tier, or any
+//    child for the ghost list); it is put back, in seq order, as soon as its
+//    last such child leaves, or at the tail when touched.
+//
+// Eviction order, stated without lists (this is what the reference model
+// implements): in tier t, among nodes resident in t, unlocked, with no child
+// resident in t and with tier_time[t] <= cutoff, evict the one with the
+// smallest seq[t]. seq[t] is assigned from a global counter when a node is
+// touched, gains residency in t, or is unlocked; a path is touched deepest
+// block first, so blocks touched together are evicted leaf-first (the vLLM
+// "free in reverse order" rule, which the tree makes structural).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace saria {
+
+constexpr int kNumTiers = 3;          // 0 = GPU, 1 = DRAM, 2 = SSD
+constexpr int kGhost = kNumTiers;     // list index of the metadata-only LRU
+constexpr int kNumLists = kNumTiers + 1;
+constexpr uint32_t kNil = 0xFFFFFFFFu;
+constexpr uint32_t kRoot = 0;         // sentinel node: the empty prefix
+constexpr int kDram = 1;
+constexpr size_t kKeyBytes = 32;
+
+struct Key {
+  uint64_t w[4];
+  bool operator==(const Key& o) const {
+    return w[0] == o.w[0] && w[1] == o.w[1] && w[2] == o.w[2] && w[3] == o.w[3];
+  }
+};
+
+inline Key load_key(const uint8_t* p) {
+  Key k;
+  std::memcpy(k.w, p, kKeyBytes);
+  return k;
+}
+
+struct Node {
+  Key key;
+  uint32_t parent;
+  uint32_t n_children;
+  uint32_t tier_children[kNumTiers];
+  uint32_t slot[kNumTiers];
+  uint32_t prev[kNumLists];
+  uint32_t next[kNumLists];
+  uint32_t lock;
+  uint32_t reuse;           // requests after the first that referenced it
+  uint32_t hits;            // requests served this block from a tier
+  uint32_t dram_evictions;  // times evicted from DRAM
+  uint32_t session;         // creating session
+  uint32_t depth;           // block index in its prefix (0 = first block)
+  double last_access;       // last real access (history)
+  double tier_time[kNumTiers];  // last touch or entry per tier (recency)
+  uint64_t seq[kNumLists];
+  uint8_t tiers;     // KV residency mask (bit t)
+  uint8_t ckpt;      // checkpoint residency mask (bit t)
+  uint8_t linked;    // bit l: linked in list l
+  uint8_t parked;    // bit l: parked out of list l
+  uint8_t live;      // slot in use
+};
+
+// A hybrid model's recurrent-state checkpoint at the boundary after a block.
+// Checkpoints are sparse (one per request, not per block), so they live in a
+// side table, keyed by node; they share the block's history.
+struct Checkpoint {
+  uint32_t slot[kNumTiers];
+  double tier_time[kNumTiers];
+  uint64_t seq[kNumTiers];
+};
+
+struct MatchResult {
+  uint32_t n_known;         // leading blocks present in the tree (any state)
+  uint32_t n_avail;         // leading blocks available in some tier
+  uint32_t n_tier_by_tier;  // baseline: run of the first tier holding block 0
+  int32_t first_tier;       // that tier, or -1
+  uint32_t n_usable;        // hybrid: deepest checkpointed boundary <= n_avail
+  int32_t ckpt_tier;        // tier of the checkpoint at n_usable, or -1
+  uint32_t ckpt_slot;
+};
+
+struct EvictedBlock {
+  Key key;
+  uint32_t slot;
+  uint32_t reuse, hits, dram_evictions, session, depth;
+  uint8_t tiers_after;
+  uint8_t child_tiers;  // bit t: some child is resident in tier t
+  double last_access;
+};
+
+class RadixCore {
+ public:
+  explicit RadixCore(uint64_t max_nodes, bool hybrid);
+
+  // --- queries -----------------------------------------------------------
+  // Walks keys[0..n) from the root. masks/slots/ckpt_masks are filled for the
+  // first n_known blocks (slots: the slot of the preferred tier, kNil if none;
+  // preferred = lowest tier index holding the block).
+  MatchResult match(const uint8_t* keys, size_t n, uint8_t* masks,
+                    uint32_t* slots, uint8_t* ckpt_masks) const;
+  // Slot of one block in one tier, or kNil.
+  uint32_t slot_of(const uint8_t* key, int tier) const;
+
+  // --- mutations (all validate first and change nothing on error) -------
+  // Records an access by a new request to the known prefix of keys[0..n):
+  // reuse += 1 for each, hits += 1 for the first n_hit, last_access = now,
+  // recency refreshed in every list (deepest first). If ckpt_at > 0 the
+  // checkpoint at that boundary is refreshed too. Returns blocks touched.
+  uint32_t touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_t ckpt_at,
+                 double now);
+  // Gives the blocks at `where` (ascending positions in [0, n)) residency in
+  // `tier` with the given slots. Missing nodes on the path keys[0..max+1) are
+  // created (as metadata-only ghosts when not in `where`), with `session` as
+  // creator. Error if a block already holds `tier` or a key sits under a
+  // different parent. Returns the number of nodes created.
+  uint32_t add(const uint8_t* keys, size_t n, int tier, const int64_t* where,
+               const uint32_t* slots, size_t k, uint32_t session, double now);
+  // Drops `tier` residency of the listed blocks (any order); returns slots.
+  void remove(const uint8_t* keys, size_t k, int tier, uint32_t* out_slots,
+              double now);
+  // Pops up to `count` eviction victims of `tier` (see the header comment);
+  // a DRAM victim's dram_evictions is incremented before it is reported.
+  std::vector<EvictedBlock> evict(int tier, size_t count, double cutoff, double now);
+  // Counts eviction candidates in `tier` with tier_time <= cutoff, up to
+  // `limit`, without changing anything (leaf status not checked: an upper
+  // bound used to size promotion).
+  size_t count_evictable(int tier, double cutoff, size_t limit) const;
+  void lock(const uint8_t* keys, size_t n);
+  void unlock(const uint8_t* keys, size_t n, double now);
+
+  // --- checkpoints (hybrid models) --------------------------------------
+  void ckpt_add(const uint8_t* key, int tier, uint32_t slot, double now);
+  uint32_t ckpt_remove(const uint8_t* key, int tier, double now);
+  std::vector<EvictedBlock> ckpt_evict(int tier, size_t count, double cutoff, double now);
+
+  // --- introspection ------------------------------------------------------
+  size_t num_nodes() const { return num_nodes_; }
+  size_t num_resident(int tier) const { return resident_[tier]; }
+  size_t num_ghosts() const { return ghosts_; }
+  size_t num_checkpoints() const { return ckpts_.size(); }
+  uint64_t max_nodes() const { return max_nodes_; }
+  uint64_t ghosts_dropped() const { return ghosts_dropped_; }
+  size_t memory_bytes() const;
+  static constexpr size_t node_bytes() { return sizeof(Node); }
+  double last_now() const { return last_now_; }
+  // All live nodes in index order (for tests, dumps and notebooks).
+  std::vector<uint32_t> live_nodes() const;
+  const Node& node(uint32_t i) const { return nodes_[i]; }
+  const Checkpoint* checkpoint(uint32_t i) const {
+    auto it = ckpts_.find(i);
+    return it == ckpts_.end() ? nullptr : &it->second;
+  }
+  uint32_t find(const uint8_t* key) const { return find_key(load_key(key)); }
+  // Verifies every invariant above; throws std::logic_error naming the first
+  // broken one. O(nodes); for tests.
+  void check_invariants() const;
+
+ private:
+  // hash table
+  static uint64_t hash_key(const Key& k);
+  uint32_t find_key(const Key& k) const;
+  void table_insert(uint32_t idx);
+  void table_erase(uint32_t idx);
+  void table_grow();
+  // nodes
+  uint32_t new_node(const Key& k, uint32_t parent, uint32_t session, double now);
+  void drop_node(uint32_t idx);
+  // lists
+  bool wants_list(const Node& nd, int l) const;
+  void link_tail(uint32_t idx, int l);
+  void link_sorted(uint32_t idx, int l);
+  void unlink(uint32_t idx, int l);
+  void refresh(uint32_t idx, int l, double now);  // new seq, to tail
+  void sync_lists(uint32_t idx, double now);       // after a state change
+  void set_tier(uint32_t idx, int tier, uint32_t slot, double now);
+  void clear_tier(uint32_t idx, int tier, double now);
+  void child_left_tier(uint32_t parent, int tier);
+  void enforce_budget();
+  uint32_t walk(const uint8_t* keys, size_t n, std::vector<uint32_t>* path) const;
+  double advance(double now) {
+    if (now > last_now_) last_now_ = now;
+    return last_now_;
+  }
+  void check_tier(int tier) const;
+
+  std::vector<Node> nodes_;
+  std::vector<uint32_t> free_;
+  std::vector<uint64_t> table_;
+  uint64_t mask_ = 0;
+  size_t num_nodes_ = 0;  // live nodes, excluding the root
+  size_t resident_[kNumTiers] = {0, 0, 0};
+  size_t ghosts_ = 0;
+  uint32_t head_[kNumLists];
+  uint32_t tail_[kNumLists];
+  uint64_t seq_counter_ = 0;
+  uint64_t max_nodes_;
+  uint64_t ghosts_dropped_ = 0;
+  bool hybrid_;
+  double last_now_ = -1e300;
+  std::unordered_map<uint32_t, Checkpoint> ckpts_;
+  std::map<uint64_t, uint32_t> ckpt_lru_[kNumTiers];  // seq -> node
+};
+
+}  // namespace saria

@@ -1,0 +1,1 @@
+"""The ``saria`` command line."""

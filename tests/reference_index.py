@@ -1,0 +1,283 @@
+"""Brute-force reference model of the radix index, for property tests.
+
+It implements the index's *semantics* as stated in native/index/radix_core.h
+with plain dicts and linear scans, no lists, no parking, no hash table:
+
+* eviction from tier t picks, among blocks resident in t, unlocked, with no
+  child resident in t and tier_time[t] <= cutoff, the smallest seq[t];
+* seq values come from one counter, assigned when a block is touched (deepest
+  block of a path first), gains residency, is unlocked, or becomes
+  metadata-only (its ghost seq);
+* the metadata budget drops, while over budget, the unlocked childless
+  metadata-only block with the smallest ghost seq.
+
+Errors: every operation validates first and raises ValueError without
+changing anything, as the index does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TIERS = (0, 1, 2)
+DRAM = 1
+GHOST = 3
+
+
+@dataclass
+class RefNode:
+    key: bytes
+    parent: bytes | None
+    depth: int
+    session: int
+    last_access: float
+    tiers: dict[int, int] = field(default_factory=dict)  # tier -> slot
+    ckpt: dict[int, int] = field(default_factory=dict)   # tier -> slot
+    reuse: int = 0
+    hits: int = 0
+    dram_evictions: int = 0
+    lock: int = 0
+    tier_time: dict[int, float] = field(default_factory=dict)
+    seq: dict[int, int] = field(default_factory=dict)
+    ckpt_time: dict[int, float] = field(default_factory=dict)
+    ckpt_seq: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def ghost(self) -> bool:
+        return not self.tiers and not self.ckpt
+
+
+class RefIndex:
+    def __init__(self, max_blocks: int, hybrid: bool = False) -> None:
+        self.max_blocks = max_blocks
+        self.hybrid = hybrid
+        self.nodes: dict[bytes, RefNode] = {}
+        self.counter = 0
+        self.last_now = float("-inf")
+
+    # helpers
+    def _seq(self) -> int:
+        self.counter += 1
+        return self.counter
+
+    def _now(self, now: float) -> float:
+        self.last_now = max(self.last_now, now)
+        return self.last_now
+
+    def _walk(self, keys: list[bytes]) -> list[RefNode]:
+        path: list[RefNode] = []
+        prev = None
+        for k in keys:
+            nd = self.nodes.get(k)
+            if nd is None or nd.parent != prev:
+                break
+            path.append(nd)
+            prev = k
+        return path
+
+    def _children(self, key: bytes) -> list[RefNode]:
+        return [n for n in self.nodes.values() if n.parent == key]
+
+    def _ghost_seq(self, nd: RefNode) -> None:
+        if nd.ghost and nd.lock == 0:
+            nd.seq[GHOST] = self._seq()
+
+    def _budget(self) -> None:
+        while len(self.nodes) > self.max_blocks:
+            parents = {n.parent for n in self.nodes.values()}
+            cands = [n for n in self.nodes.values()
+                     if n.ghost and n.lock == 0 and n.key not in parents]
+            if not cands:
+                return
+            victim = min(cands, key=lambda n: n.seq[GHOST])
+            del self.nodes[victim.key]
+
+    # queries
+    def match(self, keys: list[bytes]) -> dict:
+        path = self._walk(keys)
+        n_known = len(path)
+        n_avail = 0
+        while n_avail < n_known and path[n_avail].tiers:
+            n_avail += 1
+        first = min(path[0].tiers) if path and path[0].tiers else -1
+        tbt = 0
+        if first >= 0:
+            while tbt < n_known and first in path[tbt].tiers:
+                tbt += 1
+        usable, ckpt_tier, ckpt_slot = n_avail, -1, None
+        if self.hybrid:
+            usable = 0
+            for b in range(n_avail, 0, -1):
+                if path[b - 1].ckpt:
+                    usable = b
+                    ckpt_tier = min(path[b - 1].ckpt)
+                    ckpt_slot = path[b - 1].ckpt[ckpt_tier]
+                    break
+        tiers = [min(path[i].tiers) for i in range(usable)]
+        slots = [path[i].tiers[tiers[i]] for i in range(usable)]
+        return dict(n_known=n_known, n_avail=n_avail, tbt=tbt, usable=usable,
+                    ckpt_tier=ckpt_tier, ckpt_slot=ckpt_slot, tiers=tiers, slots=slots,
+                    masks=[sum(1 << t for t in n.tiers) for n in path])
+
+    # mutations
+    def touch(self, keys: list[bytes], hits: int, ckpt_at: int, now: float) -> int:
+        path = self._walk(keys)
+        m = len(path)
+        if hits > m or ckpt_at > m or (ckpt_at > 0 and not path[ckpt_at - 1].ckpt):
+            raise ValueError("bad touch")
+        now = self._now(now)
+        for i in range(m - 1, -1, -1):
+            nd = path[i]
+            nd.reuse += 1
+            if i < hits:
+                nd.hits += 1
+            nd.last_access = now
+            for t in TIERS:
+                if t in nd.tiers:
+                    nd.tier_time[t] = now
+                    if nd.lock == 0:
+                        nd.seq[t] = self._seq()
+            self._ghost_seq(nd)
+        if ckpt_at > 0:
+            nd = path[ckpt_at - 1]
+            for t in TIERS:
+                if t in nd.ckpt:
+                    nd.ckpt_seq[t] = self._seq()
+                    nd.ckpt_time[t] = now
+        return m
+
+    def add(self, keys: list[bytes], tier: int, where: list[int], slots: list[int],
+            session: int, now: float) -> int:
+        if not where:
+            return 0
+        if any(p < 0 or p >= len(keys) for p in where) or sorted(set(where)) != list(where):
+            raise ValueError("bad positions")
+        last = where[-1] + 1
+        path = self._walk(keys[:last])
+        m = len(path)
+        fresh = keys[m:last]
+        if any(k in self.nodes for k in fresh) or len(set(fresh)) != len(fresh):
+            raise ValueError("key conflict")
+        if any(p < m and tier in path[p].tiers for p in where):
+            raise ValueError("already resident")
+        now = self._now(now)
+        for i in range(m, last):
+            nd = RefNode(key=keys[i], parent=keys[i - 1] if i else None, depth=i,
+                         session=session, last_access=now)
+            self.nodes[nd.key] = nd
+            path.append(nd)
+        slot_of = dict(zip(where, slots))
+        for i in range(last - 1, -1, -1):
+            nd = path[i]
+            if i in slot_of:
+                nd.tiers[tier] = slot_of[i]
+                nd.tier_time[tier] = now
+                nd.seq.pop(GHOST, None)
+                if nd.lock == 0:
+                    nd.seq[tier] = self._seq()
+            elif i >= m:
+                self._ghost_seq(nd)
+        self._budget()
+        return last - m
+
+    def remove(self, keys: list[bytes], tier: int, now: float) -> list[int]:
+        if len(set(keys)) != len(keys) or any(
+                k not in self.nodes or tier not in self.nodes[k].tiers for k in keys):
+            raise ValueError("bad remove")
+        now = self._now(now)
+        out = []
+        for k in keys:
+            nd = self.nodes[k]
+            out.append(nd.tiers.pop(tier))
+            self._ghost_seq(nd)
+        self._budget()
+        return out
+
+    def evict(self, tier: int, count: int, cutoff: float, now: float) -> list[dict]:
+        now = self._now(now)
+        out = []
+        while len(out) < count:
+            busy = {n.parent for n in self.nodes.values() if tier in n.tiers}
+            cands = [n for n in self.nodes.values()
+                     if tier in n.tiers and n.lock == 0 and n.key not in busy
+                     and n.tier_time[tier] <= cutoff]
+            if not cands:
+                break
+            nd = min(cands, key=lambda n: n.seq[tier])
+            if tier == DRAM:
+                nd.dram_evictions += 1
+            slot = nd.tiers.pop(tier)
+            self._ghost_seq(nd)
+            child_tiers = 0
+            for c in self._children(nd.key):
+                for t in c.tiers:
+                    child_tiers |= 1 << t
+            out.append(dict(key=nd.key, slot=slot, reuse=nd.reuse, hits=nd.hits,
+                            dram_evictions=nd.dram_evictions, depth=nd.depth,
+                            tiers_after=sum(1 << t for t in nd.tiers),
+                            child_tiers=child_tiers))
+        self._budget()
+        return out
+
+    def lock(self, keys: list[bytes]) -> None:
+        path = self._walk(keys)
+        if len(path) < len(keys):
+            raise ValueError("lock of unknown block")
+        for nd in path:
+            nd.lock += 1
+
+    def unlock(self, keys: list[bytes], now: float) -> None:
+        path = self._walk(keys)
+        if len(path) < len(keys) or any(nd.lock == 0 for nd in path):
+            raise ValueError("bad unlock")
+        now = self._now(now)
+        for nd in reversed(path):
+            nd.lock -= 1
+            if nd.lock:
+                continue
+            for t in TIERS:
+                if t in nd.tiers:
+                    nd.tier_time[t] = now
+                    nd.seq[t] = self._seq()
+            self._ghost_seq(nd)
+        self._budget()
+
+    def ckpt_add(self, key: bytes, tier: int, slot: int, now: float) -> None:
+        nd = self.nodes.get(key)
+        if not self.hybrid or nd is None or tier in nd.ckpt:
+            raise ValueError("bad ckpt_add")
+        now = self._now(now)
+        nd.seq.pop(GHOST, None)
+        nd.ckpt[tier] = slot
+        nd.ckpt_time[tier] = now
+        nd.ckpt_seq[tier] = self._seq()
+
+    def ckpt_remove(self, key: bytes, tier: int, now: float) -> int:
+        nd = self.nodes.get(key)
+        if nd is None or tier not in nd.ckpt:
+            raise ValueError("bad ckpt_remove")
+        now = self._now(now)
+        slot = nd.ckpt.pop(tier)
+        self._ghost_seq(nd)
+        self._budget()
+        return slot
+
+    def ckpt_evict(self, tier: int, count: int, cutoff: float, now: float) -> list[dict]:
+        now = self._now(now)
+        order = sorted((n for n in self.nodes.values() if tier in n.ckpt),
+                       key=lambda n: n.ckpt_seq[tier])
+        out = []
+        for nd in order:
+            if len(out) >= count or nd.ckpt_time[tier] > cutoff:
+                break
+            if nd.lock:
+                continue
+            out.append(dict(key=nd.key, slot=self.ckpt_remove(nd.key, tier, now)))
+        return out
+
+    # state
+    def snapshot(self) -> dict[bytes, tuple]:
+        return {k: (n.parent, n.depth, tuple(sorted(n.tiers.items())),
+                    tuple(sorted(n.ckpt.items())), n.reuse, n.hits, n.dram_evictions,
+                    n.session, n.lock, n.last_access)
+                for k, n in self.nodes.items()}
