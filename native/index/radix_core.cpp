@@ -31,6 +31,22 @@ inline uint8_t child_mask(const Node& nd) {
   return m;
 }
 
+// What an eviction reports about a block: its key, slot and history.
+EvictedBlock history_of(const Node& nd, uint32_t slot) {
+  EvictedBlock e;
+  e.key = nd.key;
+  e.slot = slot;
+  e.reuse = nd.reuse;
+  e.hits = nd.hits;
+  e.dram_evictions = nd.dram_evictions;
+  e.session = nd.session;
+  e.depth = nd.depth;
+  e.tiers_after = nd.tiers;
+  e.child_tiers = child_mask(nd);
+  e.last_access = nd.last_access;
+  return e;
+}
+
 [[noreturn]] void bad(const std::string& msg) { throw std::invalid_argument(msg); }
 
 }  // namespace
@@ -239,19 +255,9 @@ std::vector<EvictedBlock> RadixCore::evict(int tier, size_t count, double cutoff
       continue;
     }
     if (tier == kDram) nd.dram_evictions += 1;
-    EvictedBlock e;
-    e.key = nd.key;
-    e.slot = nd.slot[tier];
+    uint32_t slot = nd.slot[tier];
     clear_tier(h, tier, now);
-    e.reuse = nd.reuse;
-    e.hits = nd.hits;
-    e.dram_evictions = nd.dram_evictions;
-    e.session = nd.session;
-    e.depth = nd.depth;
-    e.tiers_after = nd.tiers;
-    e.child_tiers = child_mask(nd);
-    e.last_access = nd.last_access;
-    out.push_back(e);
+    out.push_back(history_of(nd, slot));
   }
   enforce_budget();
   return out;
@@ -358,18 +364,10 @@ std::vector<EvictedBlock> RadixCore::ckpt_evict(int tier, size_t count, double c
       continue;
     }
     ++it;  // ckpt_remove erases the current entry
-    EvictedBlock e;
-    const Node& nd = nodes_[idx];
-    e.key = nd.key;
-    e.reuse = nd.reuse;
-    e.hits = nd.hits;
-    e.dram_evictions = nd.dram_evictions;
-    e.session = nd.session;
-    e.depth = nd.depth;
-    e.last_access = nd.last_access;
+    EvictedBlock e = history_of(nodes_[idx], kNil);
     uint8_t kb[kKeyBytes];
-    std::memcpy(kb, nd.key.w, kKeyBytes);
-    e.slot = ckpt_remove(kb, tier, now);
+    std::memcpy(kb, e.key.w, kKeyBytes);
+    e.slot = ckpt_remove(kb, tier, now);  // may drop the node (metadata budget)
     e.tiers_after = nodes_[idx].live ? nodes_[idx].ckpt : 0;
     e.child_tiers = nodes_[idx].live ? child_mask(nodes_[idx]) : 0;
     out.push_back(e);

@@ -215,13 +215,7 @@ class RadixIndex:
         only blocks with no child in that tier (leaf-first), never locked ones,
         and with `older_than` only blocks not touched in the last `older_than`
         seconds. Their residency in `tier` is dropped; slots come back."""
-        t = Tier.parse(tier)
-        count = _count("count", count)
-        with self._lock:
-            now_v = self._now(now)
-            cutoff = float("inf") if older_than is None else now_v - _seconds(older_than)
-            d = self._core.evict(int(t), count, cutoff, now_v)
-        return _evicted(t, d)
+        return self._evict(self._core.evict, tier, count, older_than, now)
 
     def lock(self, keys: KeysLike) -> None:
         """Pins the leading blocks of `keys` (all must be indexed): a locked
@@ -258,15 +252,19 @@ class RadixIndex:
                           now: float | None = None) -> Evicted:
         """Pops up to `count` checkpoints from `tier`, least recently used
         first, skipping locked blocks."""
-        t = Tier.parse(tier)
-        count = _count("count", count)
-        with self._lock:
-            now_v = self._now(now)
-            cutoff = float("inf") if older_than is None else now_v - _seconds(older_than)
-            d = self._core.ckpt_evict(int(t), count, cutoff, now_v)
-        return _evicted(t, d)
+        return self._evict(self._core.ckpt_evict, tier, count, older_than, now)
 
     # ------------------------------------------------------------ helpers
+
+    def _evict(self, core_call, tier, count, older_than, now) -> Evicted:
+        t = Tier.parse(tier)
+        count = _count("count", count)
+        age = None if older_than is None else _seconds(older_than)
+        with self._lock:
+            now_v = self._now(now)
+            cutoff = float("inf") if age is None else now_v - age
+            d = core_call(int(t), count, cutoff, now_v)
+        return _evicted(t, d)
 
     def _now(self, now: float | None) -> float:
         value = self._clock() if now is None else now

@@ -1,0 +1,273 @@
+"""Behaviour of the radix index on hand-made cases, and its error handling."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from saria.index import RadixIndex, Tier, VirtualClock
+from saria.keys import BlockHasher, keys_to_array
+
+B = 4  # tokens per block
+
+
+def prompt_keys(tokens, salt=None, algo="sha256_cbor"):
+    return keys_to_array(BlockHasher(B, algo, seed="test").block_keys(tokens, cache_salt=salt))
+
+
+TOKENS = list(range(40))  # 10 blocks
+
+
+def test_interleaved_plan_is_recovered_and_beats_tier_by_tier():
+    ix = RadixIndex(100)
+    k = prompt_keys(TOKENS)
+    ix.add(k, Tier.DRAM, np.arange(10))
+    ix.remove(k[4:8], Tier.DRAM)
+    ix.add(k[:8], Tier.SSD, [40, 41, 42, 43], where=[4, 5, 6, 7])
+    plan = ix.match(k)
+    assert str(plan) == "DRAM[0:4] SSD[4:8] DRAM[8:10]"
+    assert plan.num_blocks == 10 and plan.tier_by_tier_blocks == 4
+    assert list(plan.slots) == [0, 1, 2, 3, 40, 41, 42, 43, 8, 9]
+    assert plan.blocks_from(Tier.SSD) == 4 and plan.blocks_from(Tier.DRAM) == 6
+
+
+def test_fastest_tier_wins_and_gap_ends_the_plan():
+    ix = RadixIndex(100)
+    k = prompt_keys(TOKENS)
+    ix.add(k, Tier.SSD, np.arange(100, 110))
+    ix.add(k[:3], Tier.DRAM, [0, 1, 2])
+    ix.add(k[:3], Tier.GPU, [7], where=[1])
+    plan = ix.match(k)
+    assert str(plan) == "DRAM[0:1] GPU[1:2] DRAM[2:3] SSD[3:10]"
+    assert plan.tier_by_tier_blocks == 3  # DRAM holds block 0, and the run ends at 3
+    ix.remove(k[5:6], Tier.SSD)           # a hole: block 5 is now metadata only
+    plan = ix.match(k)
+    assert plan.num_blocks == 5 and plan.num_known == 10 and plan.num_available == 5
+
+
+def test_eviction_is_lru_and_leaf_first():
+    clock = VirtualClock()
+    ix = RadixIndex(100, clock=clock)
+    a = prompt_keys(TOKENS[:12])                 # 3 blocks
+    b = prompt_keys(TOKENS[:8] + [99] * 4)       # shares 2 blocks, diverges at block 2
+    ix.add(a, Tier.DRAM, [0, 1, 2])
+    clock.advance(1)
+    ix.add(b, Tier.DRAM, [3], where=[2])
+    clock.advance(1)
+    ix.touch(a, hits=3)  # a is now the most recent path
+    ev = ix.evict(Tier.DRAM, 5)
+    # b's leaf first (oldest), then a's path deepest first; shared blocks last.
+    order = [bytes(x) for x in ev.keys]
+    assert order == [bytes(b[2]), bytes(a[2]), bytes(a[1]), bytes(a[0])]
+    assert list(ev.dram_evictions) == [1, 1, 1, 1]
+    assert list(ev.tiers_after) == [0, 0, 0, 0]
+    assert ix.stats().resident["DRAM"] == 0
+
+
+def test_recency_cutoff_and_history_survive_eviction():
+    clock = VirtualClock()
+    ix = RadixIndex(100, clock=clock)
+    k = prompt_keys(TOKENS[:8])
+    ix.add(k, Tier.DRAM, [0, 1], session=7)
+    clock.advance(10)
+    assert len(ix.evict(Tier.DRAM, 2, older_than=30)) == 0  # touched 10 s ago
+    clock.advance(30)
+    ix.touch(k, hits=2)
+    clock.advance(5)
+    assert len(ix.evict(Tier.DRAM, 2, older_than=30)) == 0
+    ev = ix.evict(Tier.DRAM, 2, older_than=4)
+    assert len(ev) == 2
+    # Metadata-only now, with its history kept: re-adding keeps the counters.
+    plan = ix.match(k)
+    assert plan.num_blocks == 0 and plan.num_known == 2
+    ix.touch(k)
+    ix.add(k, Tier.DRAM, [5, 6])
+    d = ix.dump()
+    assert sorted(d["reuse"]) == [2, 2] and sorted(d["hits"]) == [1, 1]
+    assert sorted(d["dram_evictions"]) == [1, 1] and sorted(d["session"]) == [7, 7]
+
+
+def test_locked_blocks_are_never_evicted():
+    ix = RadixIndex(100)
+    k = prompt_keys(TOKENS[:16])
+    ix.add(k, Tier.DRAM, np.arange(4))
+    ix.lock(k[:4])
+    assert len(ix.evict(Tier.DRAM, 10)) == 0
+    ix.unlock(k[:4])
+    assert len(ix.evict(Tier.DRAM, 10)) == 4
+    with pytest.raises(ValueError, match="not locked"):
+        ix.unlock(k[:1])
+
+
+def test_metadata_budget_drops_oldest_childless_ghosts_only():
+    ix = RadixIndex(6)
+    a, b = prompt_keys(TOKENS[:16]), prompt_keys(TOKENS[16:32])
+    ix.add(a, Tier.DRAM, np.arange(4))
+    ix.evict(Tier.DRAM, 4)                # a: 4 ghosts
+    ix.add(b, Tier.DRAM, np.arange(4))    # 8 nodes > 6: two of a's ghosts go, leaf first
+    assert len(ix) == 6 and ix.stats().ghosts_dropped == 2
+    assert ix.match(a).num_known == 2
+    # A locked, childless ghost is kept even over budget.
+    ix.lock(a[:2])
+    ix.evict(Tier.DRAM, 4)
+    c = prompt_keys(TOKENS[32:40])
+    ix.add(c, Tier.DRAM, [0, 1])
+    assert ix.match(a).num_known == 2
+    ix.check()
+
+
+def test_budget_is_soft_for_resident_blocks():
+    ix = RadixIndex(2)
+    k = prompt_keys(TOKENS)
+    ix.add(k, Tier.DRAM, np.arange(10))
+    assert len(ix) == 10  # resident blocks are always tracked
+
+
+def test_hybrid_hit_ends_at_deepest_checkpoint():
+    ix = RadixIndex(100, hybrid=True)
+    k = prompt_keys(TOKENS)
+    ix.add(k, Tier.DRAM, np.arange(10))
+    assert ix.match(k).num_blocks == 0  # no checkpoint, no usable hit
+    ix.add_checkpoint(bytes(k[3]), Tier.SSD, 500)
+    ix.add_checkpoint(bytes(k[6]), Tier.DRAM, 600)
+    plan = ix.match(k)
+    assert plan.num_blocks == 7 and plan.num_available == 10
+    assert (plan.checkpoint.boundary, plan.checkpoint.tier, plan.checkpoint.slot) == (7, Tier.DRAM, 600)
+    ix.remove(k[5:6], Tier.DRAM)  # the KV before the deeper checkpoint is gone
+    plan = ix.match(k)
+    assert plan.num_blocks == 4 and plan.checkpoint.slot == 500
+    # The checkpoint shares its block's history.
+    ix.touch(k, hits=4, checkpoint_at=4)
+    d = ix.dump()
+    row = [i for i, key in enumerate(d["keys"]) if bytes(key) == bytes(k[3])][0]
+    assert d["reuse"][row] == 1 and d["hits"][row] == 1
+    assert list(ix.evict_checkpoints(Tier.DRAM, 5).slots) == [600]
+
+
+def test_checkpoints_need_a_hybrid_index():
+    ix = RadixIndex(10)
+    k = prompt_keys(TOKENS[:4])
+    ix.add(k, Tier.DRAM, [0])
+    with pytest.raises(ValueError, match="hybrid"):
+        ix.add_checkpoint(bytes(k[0]), Tier.DRAM, 1)
+
+
+def test_salted_prompts_share_nothing_and_same_salt_shares_all():
+    ix = RadixIndex(100)
+    a1, a2 = prompt_keys(TOKENS, salt="a"), prompt_keys(TOKENS, salt="a")
+    b = prompt_keys(TOKENS, salt="b")
+    ix.add(a1, Tier.DRAM, np.arange(10))
+    assert ix.match(a2).num_blocks == 10
+    assert ix.match(b).num_known == 0
+
+
+def test_xxhash_keys_are_padded_and_indexable():
+    with pytest.warns(UserWarning):
+        k = prompt_keys(TOKENS, algo="xxhash_cbor")
+    assert k.shape == (10, 32) and not k[:, 16:].any()
+    ix = RadixIndex(100)
+    ix.add(k, Tier.DRAM, np.arange(10))
+    assert ix.match(k).num_blocks == 10
+
+
+# ------------------------------------------------------------------ errors
+
+def _state(ix: RadixIndex):
+    d = ix.dump()
+    return {k: v.tolist() for k, v in d.items()}
+
+
+@pytest.fixture
+def loaded():
+    ix = RadixIndex(100)
+    k = prompt_keys(TOKENS)
+    ix.add(k, Tier.DRAM, np.arange(10))
+    return ix, k
+
+
+@pytest.mark.parametrize("call, exc, msg", [
+    (lambda ix, k: ix.add([b"short"], Tier.DRAM, [0]), ValueError, "key 0 has 5 bytes"),
+    (lambda ix, k: ix.add(["text"], Tier.DRAM, [0]), TypeError, "key 0 must be bytes"),
+    (lambda ix, k: ix.match(b"x" * 32), TypeError, "not a single bytes"),
+    (lambda ix, k: ix.match(k.astype(np.int64)), ValueError, "dtype uint8"),
+    (lambda ix, k: ix.match(k[:, :16]), ValueError, r"shape \(n, 32\)"),
+    (lambda ix, k: ix.add(k, "HBM", np.arange(10)), ValueError, "unknown tier 'HBM'"),
+    (lambda ix, k: ix.add(k, 5, np.arange(10)), ValueError, "unknown tier 5"),
+    (lambda ix, k: ix.evict(Tier.DRAM, -1), ValueError, "count must not be negative"),
+    (lambda ix, k: ix.evict(Tier.DRAM, 1, older_than=-3), ValueError, "older_than"),
+    (lambda ix, k: ix.add(k, Tier.SSD, [-1] * 10), ValueError, "negative"),
+    (lambda ix, k: ix.add(k, Tier.SSD, np.arange(9)), ValueError, "9 slots for 10 positions"),
+    (lambda ix, k: ix.add(k, Tier.DRAM, np.arange(10)), ValueError, "already resident"),
+    (lambda ix, k: ix.add(k, Tier.SSD, [1, 2], where=[3, 3]), ValueError, "ascending"),
+    (lambda ix, k: ix.add(k, Tier.SSD, [1], where=[10]), ValueError, "outside"),
+    (lambda ix, k: ix.remove(k[:2], Tier.SSD), ValueError, "not resident in tier 2"),
+    (lambda ix, k: ix.remove(np.vstack([k[:1], k[:1]]), Tier.DRAM), ValueError, "listed twice"),
+    (lambda ix, k: ix.touch(k, hits=11), ValueError, "exceeds"),
+    (lambda ix, k: ix.touch(k, hits=True), TypeError, "hits must be an int"),
+    (lambda ix, k: ix.lock(prompt_keys(TOKENS, salt="z")), ValueError, "not in the index"),
+    (lambda ix, k: ix.touch(k, now="soon"), TypeError, "now must be a number"),
+    (lambda ix, k: ix.add(k, Tier.SSD, np.arange(10), session=-2), ValueError, "session"),
+])
+def test_bad_input_raises_and_leaves_the_index_unchanged(loaded, call, exc, msg):
+    ix, k = loaded
+    before = _state(ix)
+    with pytest.raises(exc, match=msg):
+        call(ix, k)
+    assert _state(ix) == before
+    ix.check()
+
+
+def test_key_under_a_different_prefix_is_rejected(loaded):
+    ix, k = loaded
+    other = prompt_keys(TOKENS, salt="other")
+    # k[5] placed after a different block 0 would make the tree a lie.
+    mixed = np.vstack([other[:1], k[5:6]])
+    before = _state(ix)
+    with pytest.raises(ValueError, match="different prefix"):
+        ix.add(mixed, Tier.SSD, [1, 2])
+    assert _state(ix) == before
+
+
+@pytest.mark.parametrize("bad", [-1, 0, 1.5, "10"])
+def test_bad_budget(bad):
+    with pytest.raises((ValueError, TypeError), match="max_blocks"):
+        RadixIndex(bad)
+
+
+def test_threads_share_one_index():
+    ix = RadixIndex(10_000)
+    errors = []
+
+    def worker(w: int) -> None:
+        try:
+            for r in range(50):
+                k = prompt_keys([w * 1000 + r] + TOKENS[:15])
+                plan = ix.match(k)
+                ix.touch(k, hits=plan.num_blocks)
+                missing = np.arange(plan.num_known, 4)
+                if missing.size:
+                    ix.add(k, Tier.DRAM, missing + w * 1000 + r * 4, where=missing)
+                ix.evict(Tier.DRAM, 1)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    ix.check()
+    assert len(ix) == 4 * 50 * 4
+
+
+def test_virtual_clock_never_goes_back():
+    c = VirtualClock(5)
+    c.advance_to(7)
+    with pytest.raises(ValueError):
+        c.advance_to(6)
+    with pytest.raises(ValueError):
+        c.advance(-1)
+    assert c() == 7
