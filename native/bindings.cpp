@@ -95,6 +95,30 @@ NB_MODULE(_native, m) {
           },
           "keys"_a)
       .def(
+          "history",
+          [](const RadixCore& c, KeyArray keys) {
+            size_t n = keys.shape(0);
+            std::vector<uint32_t> reuse(n), hits(n), dram_ev(n);
+            std::vector<double> last(n);
+            uint32_t m;
+            {
+              nb::gil_scoped_release rel;
+              m = c.history(keys.data(), n, reuse.data(), hits.data(), dram_ev.data(), last.data());
+            }
+            size_t k = m;
+            reuse.resize(k);
+            hits.resize(k);
+            dram_ev.resize(k);
+            last.resize(k);
+            nb::dict d;
+            d["reuse"] = to_numpy(std::move(reuse), {k});
+            d["hits"] = to_numpy(std::move(hits), {k});
+            d["dram_evictions"] = to_numpy(std::move(dram_ev), {k});
+            d["last_access"] = to_numpy(std::move(last), {k});
+            return d;
+          },
+          "keys"_a)
+      .def(
           "touch",
           [](RadixCore& c, KeyArray keys, uint32_t n_hit, uint32_t ckpt_at, double now) {
             nb::gil_scoped_release rel;
@@ -112,6 +136,15 @@ NB_MODULE(_native, m) {
                          where.shape(0), session, now);
           },
           "keys"_a, "tier"_a, "where"_a, "slots"_a, "session"_a, "now"_a)
+      .def(
+          "add_existing",
+          [](RadixCore& c, KeyArray keys, int tier, U32Array slots, double now) {
+            if (keys.shape(0) != slots.shape(0))
+              throw std::invalid_argument("add_existing: `keys` and `slots` differ in length");
+            nb::gil_scoped_release rel;
+            c.add_existing(keys.data(), keys.shape(0), tier, slots.data(), now);
+          },
+          "keys"_a, "tier"_a, "slots"_a, "now"_a)
       .def(
           "remove",
           [](RadixCore& c, KeyArray keys, int tier, double now) {

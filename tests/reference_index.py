@@ -180,6 +180,22 @@ class RefIndex:
         self._budget()
         return last - m
 
+    def add_existing(self, keys: list[bytes], tier: int, slots: list[int], now: float) -> None:
+        if len(set(keys)) != len(keys) or any(
+                k not in self.nodes or tier in self.nodes[k].tiers for k in keys):
+            raise ValueError("bad add_existing")
+        now = self._now(now)
+        for k, slot in zip(keys, slots):
+            nd = self.nodes[k]
+            nd.tiers[tier] = slot
+            nd.tier_time[tier] = now
+            nd.seq.pop(GHOST, None)
+            if nd.lock == 0:
+                nd.seq[tier] = self._seq()
+
+    def history(self, keys: list[bytes]) -> list[tuple]:
+        return [(n.reuse, n.hits, n.dram_evictions, n.last_access) for n in self._walk(keys)]
+
     def remove(self, keys: list[bytes], tier: int, now: float) -> list[int]:
         if len(set(keys)) != len(keys) or any(
                 k not in self.nodes or tier not in self.nodes[k].tiers for k in keys):
@@ -216,7 +232,6 @@ class RefIndex:
                             dram_evictions=nd.dram_evictions, depth=nd.depth,
                             tiers_after=sum(1 << t for t in nd.tiers),
                             child_tiers=child_tiers))
-        self._budget()
         return out
 
     def lock(self, keys: list[bytes]) -> None:

@@ -98,6 +98,9 @@ class IndexMachine(RuleBasedStateMachine):
         assert list(plan.tiers) == r["tiers"]
         assert list(plan.slots) == r["slots"]
         assert list(plan.masks) == r["masks"]
+        h = self.ix.history(keys)
+        assert list(zip(h["reuse"], h["hits"], h["dram_evictions"], h["last_access"])) == \
+            self.ref.history(keys)
         if r["ckpt_tier"] >= 0:
             assert plan.checkpoint is not None
             assert (plan.checkpoint.tier, plan.checkpoint.slot) == (r["ckpt_tier"], r["ckpt_slot"])
@@ -129,6 +132,15 @@ class IndexMachine(RuleBasedStateMachine):
             lambda: self.ix.add(keys, tier, slots, where=where, session=session, now=self.now),
             lambda: self.ref.add(keys, int(tier), where, slots, session, self.now))
         assert got == want
+
+    @rule(tier=st.sampled_from(TIERS), data=st.data())
+    def add_existing(self, tier, data) -> None:
+        pool = sorted(self.ref.nodes) + [b"\x02" * 32]  # an unknown key is invalid
+        keys = data.draw(st.lists(st.sampled_from(pool), max_size=4))
+        slots = list(range(self.next_slot, self.next_slot + len(keys)))
+        self.next_slot += len(keys)
+        self.both(lambda: self.ix.add_existing(keys, tier, slots, now=self.now),
+                  lambda: self.ref.add_existing(keys, int(tier), slots, self.now))
 
     @rule(tier=st.sampled_from(TIERS), data=st.data())
     def remove(self, tier, data) -> None:

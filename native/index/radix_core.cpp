@@ -112,6 +112,20 @@ MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint
   return r;
 }
 
+uint32_t RadixCore::history(const uint8_t* keys, size_t n, uint32_t* reuse, uint32_t* hits,
+                            uint32_t* dram_evictions, double* last_access) const {
+  std::vector<uint32_t> path;
+  uint32_t m = walk(keys, n, &path);
+  for (uint32_t i = 0; i < m; ++i) {
+    const Node& nd = nodes_[path[i]];
+    reuse[i] = nd.reuse;
+    hits[i] = nd.hits;
+    dram_evictions[i] = nd.dram_evictions;
+    last_access[i] = nd.last_access;
+  }
+  return m;
+}
+
 uint32_t RadixCore::slot_of(const uint8_t* key, int tier) const {
   check_tier(tier);
   uint32_t idx = find_key(load_key(key));
@@ -219,6 +233,25 @@ uint32_t RadixCore::add(const uint8_t* keys, size_t n, int tier, const int64_t* 
   return created;
 }
 
+void RadixCore::add_existing(const uint8_t* keys, size_t k, int tier, const uint32_t* slots,
+                             double now) {
+  check_tier(tier);
+  std::vector<uint32_t> idxs(k);
+  std::unordered_set<uint32_t> seen;
+  for (size_t j = 0; j < k; ++j) {
+    uint32_t idx = find_key(load_key(keys + j * kKeyBytes));
+    if (idx == kNil) bad("add_existing: key " + std::to_string(j) + " is not in the index");
+    if (nodes_[idx].tiers & bit(tier))
+      bad("add_existing: key " + std::to_string(j) + " is already resident in tier " +
+          std::to_string(tier));
+    if (slots[j] == kNil) bad("add_existing: slot handle 0xFFFFFFFF is reserved");
+    if (!seen.insert(idx).second) bad("add_existing: key " + std::to_string(j) + " is listed twice");
+    idxs[j] = idx;
+  }
+  now = advance(now);
+  for (size_t j = 0; j < k; ++j) set_tier(idxs[j], tier, slots[j], now);
+}
+
 void RadixCore::remove(const uint8_t* keys, size_t k, int tier, uint32_t* out_slots, double now) {
   check_tier(tier);
   std::vector<uint32_t> idxs(k);
@@ -259,7 +292,8 @@ std::vector<EvictedBlock> RadixCore::evict(int tier, size_t count, double cutoff
     clear_tier(h, tier, now);
     out.push_back(history_of(nd, slot));
   }
-  enforce_budget();
+  // No budget enforcement here: victims stay indexed until the next call that
+  // creates or frees nodes, so the caller can still admit them elsewhere.
   return out;
 }
 

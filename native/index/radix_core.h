@@ -126,6 +126,10 @@ class RadixCore {
   // preferred = lowest tier index holding the block).
   MatchResult match(const uint8_t* keys, size_t n, uint8_t* masks,
                     uint32_t* slots, uint8_t* ckpt_masks) const;
+  // History of the known prefix of keys[0..n): per block reuse, hits, DRAM
+  // evictions and last access; returns how many blocks are known.
+  uint32_t history(const uint8_t* keys, size_t n, uint32_t* reuse, uint32_t* hits,
+                   uint32_t* dram_evictions, double* last_access) const;
   // Slot of one block in one tier, or kNil.
   uint32_t slot_of(const uint8_t* key, int tier) const;
 
@@ -143,11 +147,18 @@ class RadixCore {
   // different parent. Returns the number of nodes created.
   uint32_t add(const uint8_t* keys, size_t n, int tier, const int64_t* where,
                const uint32_t* slots, size_t k, uint32_t session, double now);
+  // Gives already-indexed blocks (any order, no repeats) residency in `tier`
+  // with the given slots, e.g. DRAM victims admitted to the SSD. Error if a
+  // block is unknown or already holds `tier`.
+  void add_existing(const uint8_t* keys, size_t k, int tier, const uint32_t* slots, double now);
   // Drops `tier` residency of the listed blocks (any order); returns slots.
   void remove(const uint8_t* keys, size_t k, int tier, uint32_t* out_slots,
               double now);
   // Pops up to `count` eviction victims of `tier` (see the header comment);
   // a DRAM victim's dram_evictions is incremented before it is reported.
+  // Victims that became metadata-only are not dropped by this call (the
+  // budget is enforced by the next add/remove/unlock), so the caller can
+  // still give them residency elsewhere (add_existing).
   std::vector<EvictedBlock> evict(int tier, size_t count, double cutoff, double now);
   // Counts eviction candidates in `tier` with tier_time <= cutoff, up to
   // `limit`, without changing anything (leaf status not checked: an upper

@@ -13,7 +13,12 @@ import sys
 from saria.errors import SariaError
 
 # Subcommand modules, in the order ``saria --help`` lists them.
-_COMMANDS = ("saria.cli.traces_cmd", "saria.cli.bench_cmd")
+_COMMANDS = (
+    "saria.cli.replay_cmd",
+    "saria.cli.endurance_cmd",
+    "saria.cli.traces_cmd",
+    "saria.cli.bench_cmd",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -125,6 +125,13 @@ class RadixIndex:
             masks=masks,
         )
 
+    def history(self, keys: KeysLike) -> dict[str, np.ndarray]:
+        """History of the known leading blocks of `keys` as parallel arrays:
+        ``reuse``, ``hits``, ``dram_evictions``, ``last_access``. Read-only."""
+        arr = as_keys(keys)
+        with self._lock:
+            return dict(self._core.history(arr))
+
     def slot_of(self, key: bytes, tier: Tier | int | str) -> int | None:
         """Slot of one block in one tier, or None if it is not there."""
         t = Tier.parse(tier)
@@ -199,6 +206,19 @@ class RadixIndex:
         session = _u32("session", session)
         with self._lock:
             return int(self._core.add(arr, int(t), where_arr, slot_arr, session, self._now(now)))
+
+    def add_existing(self, keys: KeysLike, tier: Tier | int | str, slots: Any, *,
+                     now: float | None = None) -> None:
+        """Gives already-indexed blocks (any order, no repeats) residency in
+        `tier`, e.g. DRAM victims admitted to the SSD. Raises if a block is
+        unknown or already holds `tier`."""
+        arr = as_keys(keys)
+        t = Tier.parse(tier)
+        slot_arr = _u32_array("slots", slots)
+        if slot_arr.shape[0] != arr.shape[0]:
+            raise ValueError(f"add_existing: {slot_arr.shape[0]} slots for {arr.shape[0]} keys")
+        with self._lock:
+            self._core.add_existing(arr, int(t), slot_arr, self._now(now))
 
     def remove(self, keys: KeysLike, tier: Tier | int | str, *,
                now: float | None = None) -> np.ndarray:

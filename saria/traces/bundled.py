@@ -13,18 +13,21 @@ from pathlib import Path
 import saria
 from saria.errors import ConfigError, TraceFormatError
 from saria.traces.azure import load_azure
+from saria.traces.bailian import load_bailian
 from saria.traces.model import Trace
 from saria.traces.mooncake import load_mooncake
 from saria.traces.weka import load_weka
 
 ENV_VAR = "SARIA_TRACES_DIR"
-FORMATS = ("auto", "weka", "mooncake", "azure")
+FORMATS = ("auto", "weka", "mooncake", "azure", "bailian")
 
 #: Short name -> file name in the traces folder (see traces/README.md).
 BUNDLED = {
     "weka": "weka_kv_cache_tester_traces_v8.tar.xz",
     "mooncake": "mooncake_conversation_trace.jsonl",
     "azure": "azure_llm_inference_2023_conv.csv",
+    # Written by us (synthetic, in the Alibaba Bailian format); see traces/README.md.
+    "bailian": "bailian_sample.jsonl",
 }
 
 
@@ -39,7 +42,7 @@ def traces_dir() -> Path:
 
 
 def bundled_trace(name: str) -> Path:
-    """Path of one bundled trace by short name: ``weka``, ``mooncake`` or ``azure``."""
+    """Path of one bundled trace by short name: ``weka``, ``mooncake``, ``azure`` or ``bailian``."""
     if name not in BUNDLED:
         raise ConfigError("trace", f"unknown bundled trace {name!r}; valid: {', '.join(BUNDLED)}")
     path = traces_dir() / BUNDLED[name]
@@ -61,10 +64,15 @@ def detect_format(path: str | os.PathLike[str]) -> str:
         return "weka"
     if name.endswith(".csv"):
         return "azure"
-    if name.endswith(".jsonl"):
-        return "mooncake"
     with open(p, "rb") as f:
         head = f.read(4096)
+    # Bailian and Mooncake are both JSONL with input_length/hash_ids: the first record's
+    # chat_id tells them apart.
+    first = head.lstrip().split(b"\n", 1)[0]
+    if b'"chat_id"' in first:
+        return "bailian"
+    if name.endswith(".jsonl"):
+        return "mooncake"
     if head.startswith(b"TIMESTAMP,") or b"ContextTokens" in head.split(b"\n", 1)[0]:
         return "azure"
     if b'"input_length"' in head and b'"hash_ids"' in head:
@@ -97,6 +105,8 @@ def load_trace(
         return load_weka(p, limit_sessions=limit_sessions, progress=progress)
     if fmt == "mooncake":
         return load_mooncake(p, progress=progress)
+    if fmt == "bailian":
+        return load_bailian(p, progress=progress)
     trace = load_azure(p)
     if progress:
         size = p.stat().st_size

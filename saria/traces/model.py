@@ -14,7 +14,10 @@ Invariants (the loaders establish them, everything downstream may rely on them):
   are always new). Traces without prefix identity (Azure) have empty arrays and
   ``block_size is None``.
 - ``TraceRequest.time`` is seconds from the start of its session, >= 0, and a session's
-  requests are sorted by it (stable, so equal times keep file order).
+  requests are sorted by it (stable, so equal times keep file order). Sessions of traces
+  with absolute times (Mooncake/Azure pseudo-sessions, Bailian) all "start" at trace time
+  0, so there ``time`` is the trace's own arrival time; ``saria.traces.arrivals`` re-bases
+  each session on its first request when it assigns session start times.
 """
 
 from __future__ import annotations

@@ -1,0 +1,198 @@
+"""``saria replay``: what each policy does to SSD writes and TTFT on a trace.
+
+    saria replay [TRACE] [--policy NAME ...] [--preset NAME] [--dram SIZE] [--ssd SIZE]
+                 [--block-size TOKENS] [--arrivals SPEC] [--sessions N] [--json PATH] ...
+
+With no arguments: the default slice of the bundled WEKA bundle -- its first
+90 sessions (one GPU's share when the 710 sessions are spread over a DGX
+H100's 8 GPUs), starting uniformly at random in a 12-hour window -- on the
+default preset (Qwen3-8B, H100, PCIe Gen5, one Gen4 NVMe, 256 GB DRAM), under
+dram-only, full-duplicate, write-back and saria.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import time
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from saria.errors import ConfigError
+from saria.policy import PROMOTIONS, make_admission
+from saria.sim.engine import LOOKUPS
+from saria.sim.presets import DEFAULT_PRESET, get_preset
+from saria.sim.replay import DEFAULT_POLICIES, ReadPath, make_setup, run_policy
+from saria.traces import BUNDLED, FORMATS, bundled_trace, load_trace
+from saria.traces.arrivals import ArrivalModel
+from saria.transfer import COORDINATOR_MODES
+from saria.units import format_size, parse_size
+
+DEFAULT_SESSIONS = 90
+DEFAULT_ARRIVALS = "window:12h"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("replay", help="replay a trace under cache policies",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("trace", nargs="?", default="weka",
+                   help=f"trace path or bundled name ({', '.join(BUNDLED)}); default: weka")
+    p.add_argument("--format", default="auto", choices=FORMATS, help="trace format")
+    p.add_argument("--policy", action="append", default=None, metavar="NAME",
+                   help="admission policy (repeatable): dram-only, full-duplicate, write-back, "
+                   "saria, E2, E3, E5, R2, R4, E2+R2, hicache-selective, kvbm-filter; "
+                   f"default: {', '.join(DEFAULT_POLICIES)}")
+    p.add_argument("--preset", default=DEFAULT_PRESET, help=f"MODEL/HARDWARE (default {DEFAULT_PRESET})")
+    p.add_argument("--dram", default=None, metavar="SIZE", help="DRAM pool (e.g. 256GB, unlimited, 0)")
+    p.add_argument("--ssd", default=None, metavar="SIZE", help="SSD capacity per drive (e.g. 3.84TB, unlimited, 0)")
+    p.add_argument("--block-size", type=int, default=None, metavar="TOKENS",
+                   help="engine block size in tokens (default: the preset's, 64)")
+    p.add_argument("--arrivals", default=None, metavar="SPEC",
+                   help=f"session arrivals: window:12h, window:2h, poisson:30/h, trace; options "
+                   f",seed=N ,max-idle=1h|none ,closed (default {DEFAULT_ARRIVALS}; "
+                   "'trace' for Mooncake/Azure/Bailian)")
+    p.add_argument("--sessions", type=int, default=None, metavar="N",
+                   help=f"first N sessions of a WEKA bundle (default {DEFAULT_SESSIONS} for the "
+                   "bundled one; 0 = all)")
+    p.add_argument("--max-context", type=int, default=None, metavar="TOKENS",
+                   help="skip requests longer than this (default: keep all)")
+    p.add_argument("--lookup", choices=LOOKUPS, default="unified",
+                   help="reload lookup for non-saria policies (default unified)")
+    p.add_argument("--promotion", choices=PROMOTIONS, default="none",
+                   help="promotion for non-saria policies (default none)")
+    p.add_argument("--coordinator", choices=COORDINATOR_MODES, default="overlap",
+                   help="coordinator for non-saria policies (default overlap)")
+    p.add_argument("--r", type=float, default=None,
+                   help="lazy promotion's DRAM share (default: B_dram/(B_dram+B_ssd))")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
+    p.add_argument("--csv", type=Path, default=None, metavar="PATH", help="write one CSV row per policy")
+    p.set_defaults(func=run)
+
+
+def parse_args_to_config(args: argparse.Namespace) -> dict:
+    """Validates every flag before any work starts; returns the run config."""
+    policies = args.policy or list(DEFAULT_POLICIES)
+    for name in policies:
+        make_admission(name)
+    if len(set(policies)) != len(policies):
+        raise ConfigError("--policy", "a policy is listed twice")
+    preset = get_preset(args.preset)
+    if args.block_size is not None:
+        if args.block_size < 1:
+            raise ConfigError("--block-size", f"must be a positive number of tokens, got {args.block_size}")
+        preset = preset.with_(block_size=args.block_size)
+    dram = None if args.dram is None else parse_size(args.dram, name="--dram", allow_unlimited=True)
+    ssd = None if args.ssd is None else parse_size(args.ssd, name="--ssd", allow_unlimited=True)
+    block_bytes = preset.block_size * preset.model.kv_bytes_per_token
+    for flag, size in (("--dram", dram), ("--ssd", ssd)):
+        if size is not None and 0 < size < block_bytes:
+            raise ConfigError(flag, f"{format_size(size)} is smaller than one block "
+                              f"({format_size(block_bytes)} at {preset.block_size} tokens)")
+    if args.sessions is not None and args.sessions < 0:
+        raise ConfigError("--sessions", f"must not be negative, got {args.sessions}")
+    if args.max_context is not None and args.max_context < 1:
+        raise ConfigError("--max-context", f"must be positive, got {args.max_context}")
+    if args.r is not None and not 0 <= args.r <= 1:
+        raise ConfigError("--r", f"must be in [0, 1], got {args.r}")
+    return dict(policies=policies, preset=preset, dram=dram, ssd=ssd)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = parse_args_to_config(args)
+    path = Path(args.trace)
+    bundled = not path.exists() and args.trace in BUNDLED
+    if bundled:
+        path = bundled_trace(args.trace)
+    sessions = args.sessions
+    if sessions is None and bundled and args.trace == "weka":
+        sessions = DEFAULT_SESSIONS
+    err = Console(stderr=True)
+    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*cols, console=err, transient=True) as bar:
+        task = bar.add_task(f"loading {path.name}", total=None)
+        trace = load_trace(path, args.format, limit_sessions=sessions or None,
+                           progress=lambda d, t: bar.update(task, completed=d, total=t))
+        if trace.block_size is None:
+            raise ConfigError("trace", f"{path}: has no block hash ids; replay needs prefix identity")
+        spec = args.arrivals or (DEFAULT_ARRIVALS if trace.has_sessions else "trace")
+        arrivals = ArrivalModel.from_spec(spec)
+        read_path = ReadPath(args.lookup, args.promotion, args.coordinator, args.r)
+        results: dict[str, dict] = {}
+        for name in cfg["policies"]:
+            bar.update(task, description=f"replaying {name}", completed=0,
+                       total=trace.num_requests)
+            setup = make_setup(name, cfg["preset"], read_path=read_path, dram_bytes=cfg["dram"],
+                               ssd_bytes=cfg["ssd"], trace_block_size=int(trace.block_size))
+            t0 = time.perf_counter()
+            rep = run_policy(trace, setup, arrivals, max_context=args.max_context,
+                             progress=lambda d: bar.update(task, completed=d))
+            rep["wall_s"] = time.perf_counter() - t0
+            rep["read_path"] = {"lookup": setup.lookup, "promotion": setup.promotion.name,
+                                "coordinator": setup.coordinator}
+            results[name] = rep
+    hw = cfg["preset"].hardware
+    config = {
+        "trace": str(path), "format": trace.format, "sessions": trace.num_sessions,
+        "requests": trace.num_requests, "arrivals": spec,
+        "preset": cfg["preset"].name, "block_size": cfg["preset"].block_size,
+        "dram_bytes": _num(hw.dram_bytes if cfg["dram"] is None else cfg["dram"]),
+        "ssd_bytes_per_drive": _num(hw.ssd_bytes if cfg["ssd"] is None else cfg["ssd"]),
+        "ssd_count": hw.ssd_count, "dwpd": hw.dwpd, "max_context": args.max_context,
+    }
+    Console().print(_table(results, config))
+    if args.json is not None:
+        args.json.write_bytes(orjson.dumps({"config": config, "policies": results},
+                                           option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    if args.csv is not None:
+        write_csv(args.csv, config, results)
+    return 0
+
+
+def write_csv(path: Path, config: dict, results: dict[str, dict]) -> None:
+    scalar = [k for k, v in next(iter(results.values())).items() if not isinstance(v, (list, dict))]
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["policy", "preset", "arrivals", *scalar])
+        for name, rep in results.items():
+            w.writerow([name, config["preset"], config["arrivals"], *(rep[k] for k in scalar)])
+
+
+def _num(x: float) -> float | None:
+    return None if math.isinf(x) else x
+
+
+# Rows are metrics, columns policies: four policies fit an 80-column terminal.
+_ROWS = (
+    ("SSD written", lambda r: format_size(r["ssd_bytes_written"])),
+    ("SSD read", lambda r: format_size(r["ssd_bytes_read"])),
+    ("hit ratio (tokens)", lambda r: f"{r['hit_ratio_tokens']:.3f}"),
+    ("  from GPU", lambda r: f"{r['gpu_hit_ratio_tokens']:.3f}"),
+    ("  from DRAM", lambda r: f"{r['dram_hit_ratio_tokens']:.3f}"),
+    ("  from SSD", lambda r: f"{r['ssd_hit_ratio_tokens']:.3f}"),
+    ("DRAM evictions", lambda r: f"{r['dram_evictions']:,}"),
+    ("TTFT mean", lambda r: f"{r['ttft_mean_s']:.2f} s"),
+    ("TTFT P50", lambda r: f"{r['ttft_p50_s']:.2f} s"),
+    ("TTFT P90", lambda r: f"{r['ttft_p90_s']:.2f} s"),
+    ("TTFT P99", lambda r: f"{r['ttft_p99_s']:.2f} s"),
+    ("TTFT worst 25% mean", lambda r: f"{r['ttft_worst25_mean_s']:.2f} s"),
+    ("SSD lifetime", lambda r: "-" if r["ssd_lifetime_days"] is None
+     else f"{r['ssd_lifetime_days']:,.0f} d"),
+    ("write budget used", lambda r: f"{100 * r['write_budget_fraction']:.1f}%"),
+)
+
+
+def _table(results: dict[str, dict], config: dict) -> Table:
+    t = Table(title=f"saria replay: {Path(config['trace']).name}",
+              caption=f"{config['sessions']} sessions, {config['arrivals']}, {config['preset']}, "
+              f"DRAM {format_size(config['dram_bytes'] or math.inf)}")
+    t.add_column("")
+    for name in results:
+        t.add_column(name, justify="right")
+    for label, cell in _ROWS:
+        t.add_row(label, *(cell(r) for r in results.values()))
+    return t

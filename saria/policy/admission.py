@@ -1,0 +1,213 @@
+"""SSD admission: which DRAM blocks are worth an SSD write.
+
+New KV always lands in DRAM; an admission policy decides what also goes to the
+SSD, at three moments, each a small vectorised decision over a run of blocks:
+
+* ``on_create``  -- blocks just computed (write-through policies write them);
+* ``on_access``  -- blocks a request just referenced while they sit in DRAM
+  (reuse-gated early persistence, HiCache's selective write-through, KVBM's
+  frequency filter), written asynchronously while still in DRAM;
+* ``on_evict``   -- DRAM victims (write-back writes all, SARIA's eviction gate
+  writes a block on its E-th DRAM eviction).
+
+Policies are small pluggable objects in the style of CacheLib Navy's admission
+policies: they see only block history (from the index) and return boolean
+masks; the caller does the writing and skips blocks already on the SSD. The
+same objects serve the runtime cache and ``saria replay``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from saria.errors import ConfigError
+
+
+class AdmissionPolicy:
+    """Base: admits nothing (DRAM-only). Subclasses override what they use."""
+
+    name = "dram-only"
+    #: the policy never writes: the SSD tier can be skipped entirely
+    writes_nothing = True
+
+    def on_create(self, keys: np.ndarray, now: float) -> np.ndarray:
+        """Mask over freshly computed blocks to write to SSD now."""
+        return np.zeros(keys.shape[0], dtype=bool)
+
+    def on_access(self, keys: np.ndarray, reuse: np.ndarray, hits: np.ndarray,
+                  now: float) -> np.ndarray:
+        """Mask over DRAM-resident blocks a request just referenced (history
+        already counts this access) to write to SSD early."""
+        return np.zeros(keys.shape[0], dtype=bool)
+
+    def on_evict(self, keys: np.ndarray, reuse: np.ndarray, hits: np.ndarray,
+                 dram_evictions: np.ndarray, now: float) -> np.ndarray:
+        """Mask over DRAM victims (dram_evictions counts this eviction) to
+        write to SSD before their DRAM slot is reused."""
+        return np.zeros(keys.shape[0], dtype=bool)
+
+    def __repr__(self) -> str:
+        return f"<admission {self.name}>"
+
+
+class DramOnly(AdmissionPolicy):
+    """Never writes to the SSD: the baseline without an SSD tier."""
+
+
+class FullDuplicate(AdmissionPolicy):
+    """Write-through: every block is written once, when it is created
+    (LMCache's and vLLM native offloading's store-to-every-tier behaviour)."""
+
+    name = "full-duplicate"
+    writes_nothing = False
+
+    def on_create(self, keys, now):
+        return np.ones(keys.shape[0], dtype=bool)
+
+
+class WriteBack(AdmissionPolicy):
+    """Every DRAM victim is written (a plain inclusive hierarchy)."""
+
+    name = "write-back"
+    writes_nothing = False
+
+    def on_evict(self, keys, reuse, hits, dram_evictions, now):
+        return np.ones(keys.shape[0], dtype=bool)
+
+
+@dataclass(frozen=True)
+class _Thresholds:
+    evictions: int | None
+    reuse: int | None
+
+
+class Saria(AdmissionPolicy):
+    """SARIA's persistence-aware admission (paper §4.2).
+
+    ``E=k``: persist a block on its k-th DRAM eviction -- it proved reuse
+    beyond one DRAM residency. ``R=j``: persist a block early, asynchronously,
+    once it has been reused j times while in DRAM. Either or both.
+    """
+
+    writes_nothing = False
+
+    def __init__(self, evictions: int | None = None, reuse: int | None = None,
+                 name: str | None = None) -> None:
+        if evictions is None and reuse is None:
+            raise ConfigError("admission", "SARIA needs E (evictions) or R (reuse) or both")
+        for label, v in (("E", evictions), ("R", reuse)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ConfigError("admission", f"{label} must be a positive int, got {v!r}")
+        self.t = _Thresholds(evictions, reuse)
+        parts = []
+        if evictions is not None:
+            parts.append(f"E{evictions}")
+        if reuse is not None:
+            parts.append(f"R{reuse}")
+        self.name = name or "+".join(parts)
+
+    def on_access(self, keys, reuse, hits, now):
+        if self.t.reuse is None:
+            return np.zeros(keys.shape[0], dtype=bool)
+        return reuse >= self.t.reuse
+
+    def on_evict(self, keys, reuse, hits, dram_evictions, now):
+        if self.t.evictions is None:
+            return np.zeros(keys.shape[0], dtype=bool)
+        return dram_evictions >= self.t.evictions
+
+
+class HiCacheSelective(AdmissionPolicy):
+    """SGLang HiCache's ``write_through_selective``: back a block up once its
+    hit count reaches a threshold (2 in HiCache)."""
+
+    name = "hicache-selective"
+    writes_nothing = False
+
+    def __init__(self, threshold: int = 2) -> None:
+        self.threshold = threshold
+
+    def on_access(self, keys, reuse, hits, now):
+        return hits >= self.threshold
+
+
+class KvbmFrequencyFilter(AdmissionPolicy):
+    """Dynamo KVBM's disk-offload ``FrequencyFilter``: per block, the count
+    starts at 1 on the first sighting and doubles on each later one; every
+    ``decay_interval_s`` all counts drop by 1 and zeros are forgotten; a block
+    is written to disk when its count reaches ``min_frequency`` (2).
+
+    A sighting is a request referencing the block (creation or access). The
+    periodic decay is applied lazily per block from the interval boundaries
+    crossed since its last sighting, which is exactly the periodic sweep.
+    """
+
+    name = "kvbm-filter"
+    writes_nothing = False
+
+    def __init__(self, min_frequency: int = 2, decay_interval_s: float = 600.0) -> None:
+        if decay_interval_s <= 0:
+            raise ConfigError("admission", "KVBM decay interval must be positive")
+        self.min_frequency = min_frequency
+        self.interval = float(decay_interval_s)
+        self._count: dict[bytes, tuple[int, int]] = {}  # key -> (count, epoch)
+
+    def _sight(self, keys: np.ndarray, now: float) -> np.ndarray:
+        epoch = int(now // self.interval)
+        out = np.zeros(keys.shape[0], dtype=bool)
+        table = self._count
+        for i, k in enumerate(map(bytes, keys)):
+            c, e = table.get(k, (0, epoch))
+            c = max(0, c - (epoch - e))
+            c = 1 if c == 0 else min(c * 2, 1 << 30)
+            table[k] = (c, epoch)
+            out[i] = c >= self.min_frequency
+        return out
+
+    def on_create(self, keys, now):
+        return self._sight(keys, now)
+
+    def on_access(self, keys, reuse, hits, now):
+        return self._sight(keys, now)
+
+
+#: Policy names that scripts rely on, with their constructors.
+POLICIES = {
+    "dram-only": DramOnly,
+    "full-duplicate": FullDuplicate,
+    "write-back": WriteBack,
+    "saria": lambda: Saria(evictions=2, name="saria"),
+    "E2": lambda: Saria(evictions=2),
+    "E3": lambda: Saria(evictions=3),
+    "E5": lambda: Saria(evictions=5),
+    "R2": lambda: Saria(reuse=2),
+    "R4": lambda: Saria(reuse=4),
+    "E2+R2": lambda: Saria(evictions=2, reuse=2),
+    "hicache-selective": HiCacheSelective,
+    "kvbm-filter": KvbmFrequencyFilter,
+}
+
+
+def make_admission(name: str) -> AdmissionPolicy:
+    """A fresh policy object by name: the names above, or any ``E<k>``,
+    ``R<j>``, ``E<k>+R<j>``. Unknown names list the valid ones."""
+    if name in POLICIES:
+        return POLICIES[name]()
+    e = r = None
+    ok = bool(name)
+    for part in name.split("+"):
+        if len(part) > 1 and part[0] in "ER" and part[1:].isdigit() and int(part[1:]) > 0:
+            if part[0] == "E" and e is None:
+                e = int(part[1:])
+            elif part[0] == "R" and r is None:
+                r = int(part[1:])
+            else:
+                ok = False
+        else:
+            ok = False
+    if ok:
+        return Saria(evictions=e, reuse=r, name=name)
+    raise ConfigError("policy", f"unknown admission policy {name!r}; valid: "
+                      f"{', '.join(POLICIES)} (or E<k>, R<j>, E<k>+R<j>)")

@@ -1,0 +1,109 @@
+"""Post-prefill promotion: which SSD hits are copied into DRAM after a prefill.
+
+After a request's prefill has read blocks from the SSD, those blocks sit in
+GPU memory; copying some of them into DRAM (GPU -> DRAM, off the request's
+critical path) lets the session's next turn reload them from DRAM instead of
+the SSD. Promotion competes with DRAM residents, so SARIA bounds it twice
+(paper §4.4):
+
+* a **DRAM share** r: promote until DRAM serves a fraction r of the reload's
+  blocks. The default r is the split at which the DRAM and SSD paths finish
+  together, ``r = B_dram / (B_dram + B_ssd)``: moving d of the reload's bytes
+  over a path of bandwidth B_dram and the other (1 - r) over B_ssd gives
+  equal times exactly when ``r / B_dram == (1 - r) / B_ssd``;
+* a **recency cutoff**: a promoted block may only take the slot of a DRAM
+  block not touched in the last ``min_victim_age_s`` seconds (the caller
+  evicts with ``older_than``), so promotion never pushes out hot data; when
+  few victims are old enough, promotion shrinks.
+
+Policies pick *which* SSD-served positions to promote, in prefix order (the
+earliest blocks are shared by every later turn of the session).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from saria.errors import ConfigError
+
+
+def balanced_dram_share(dram_bw: float, ssd_bw: float) -> float:
+    """r at which a reload split DRAM:SSD = r:(1-r) finishes on both paths at
+    once (bandwidths in bytes/s; any consistent unit)."""
+    if dram_bw <= 0 or ssd_bw <= 0:
+        raise ConfigError("promotion", "bandwidths must be positive")
+    return dram_bw / (dram_bw + ssd_bw)
+
+
+class PromotionPolicy:
+    """Base: promotes nothing."""
+
+    name = "none"
+    #: seconds a DRAM victim must be idle to make room for a promoted block
+    min_victim_age_s: float | None = None
+
+    def select(self, ssd_positions: np.ndarray, dram_blocks: int) -> np.ndarray:
+        """Positions (subset of `ssd_positions`, in order) to promote, given
+        that the reload already took `dram_blocks` blocks from DRAM."""
+        return ssd_positions[:0]
+
+    def __repr__(self) -> str:
+        return f"<promotion {self.name}>"
+
+
+class NoPromotion(PromotionPolicy):
+    pass
+
+
+class FullPromotion(PromotionPolicy):
+    """Every SSD hit goes to DRAM (evicting whatever LRU says)."""
+
+    name = "full"
+
+    def select(self, ssd_positions, dram_blocks):
+        return ssd_positions
+
+
+class LazyPartialPromotion(PromotionPolicy):
+    """SARIA's lazy partial promotion: up to a DRAM share ``r`` of the reload,
+    only into slots of DRAM blocks idle for ``min_victim_age_s`` seconds."""
+
+    name = "lazy"
+
+    def __init__(self, r: float, min_victim_age_s: float = 60.0) -> None:
+        if not 0.0 <= r <= 1.0:
+            raise ConfigError("promotion", f"r must be in [0, 1], got {r}")
+        if min_victim_age_s < 0:
+            raise ConfigError("promotion", "the recency cutoff must not be negative")
+        self.r = float(r)
+        self.min_victim_age_s = float(min_victim_age_s)
+        self.name = f"lazy(r={self.r:.2f},age={self.min_victim_age_s:g}s)"
+
+    def select(self, ssd_positions, dram_blocks):
+        total = dram_blocks + ssd_positions.shape[0]
+        want = math.ceil(self.r * total) - dram_blocks
+        if want <= 0:
+            return ssd_positions[:0]
+        return ssd_positions[:want]
+
+
+PROMOTIONS = ("none", "full", "lazy")
+
+
+def make_promotion(name: str, *, r: float | None = None, dram_bw: float | None = None,
+                   ssd_bw: float | None = None, min_victim_age_s: float = 60.0
+                   ) -> PromotionPolicy:
+    """``none``, ``full`` or ``lazy`` (r given, or derived from bandwidths)."""
+    if name == "none":
+        return NoPromotion()
+    if name == "full":
+        return FullPromotion()
+    if name == "lazy":
+        if r is None:
+            if dram_bw is None or ssd_bw is None:
+                raise ConfigError("promotion", "lazy promotion needs r or both bandwidths")
+            r = balanced_dram_share(dram_bw, ssd_bw)
+        return LazyPartialPromotion(r, min_victim_age_s)
+    raise ConfigError("promotion", f"unknown promotion {name!r}; valid: {', '.join(PROMOTIONS)}")

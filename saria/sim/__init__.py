@@ -1,0 +1,1 @@
+"""The trace-replay simulator: the real index and policies on a virtual clock."""

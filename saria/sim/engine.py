@@ -1,0 +1,325 @@
+"""The replay engine: a trace through the real index and policies, on a clock.
+
+Only the bytes are replaced by a timing model (BRIEF, "The simulator is the
+real code"): the ``RadixIndex``, the admission and promotion policy objects
+and the coordinator's timing model are the ones the runtime uses.
+
+Model of one GPU serving the trace (all figures from the preset):
+
+* Requests arrive (open loop) at their scheduled times and wait in one FIFO
+  prefill queue. TTFT = queueing + reload + prefill of the missed tokens;
+  the GPU is busy for reload + prefill. Decode is not modelled (TTFT only).
+* Three tiers in one index: the GPU prefix cache (HBM), a DRAM pool, the
+  SSDs. A request's reusable prefix is the leading run of blocks held by any
+  tier (``lookup="unified"``) or, as in a tier-by-tier lookup, the GPU run
+  followed by the run of the first tier holding the next block
+  (``lookup="tier-by-tier"``). A full hit still recomputes the last token.
+* GPU hits cost nothing to load; DRAM and SSD parts are reloaded together
+  through the coordinator model (serial / overlap / paced).
+* After prefill the whole prompt is in HBM; blocks the GPU computed land in
+  DRAM ("new KV lands in DRAM"); admission decides SSD writes at creation,
+  on access and on DRAM eviction; promotion copies some SSD hits into DRAM,
+  taking only slots of DRAM blocks idle for the policy's cutoff.
+* Capacities are in blocks of ``block_size`` tokens; an SSD block lives on
+  drive ``key % ssd_count``; full SSDs evict leaf-first LRU blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from saria.errors import ConfigError
+from saria.index import RadixIndex, Tier, VirtualClock
+from saria.keys.trace import trace_block_keys
+from saria.policy import AdmissionPolicy, PromotionPolicy
+from saria.sim.presets import Preset
+from saria.transfer import LinkModel, reload_time
+
+GPU, DRAM, SSD = Tier.GPU, Tier.DRAM, Tier.SSD
+_BIT = {t: 1 << int(t) for t in Tier}
+LOOKUPS = ("unified", "tier-by-tier")
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One request to replay: when it arrives and what it asks for."""
+
+    time: float
+    namespace: int
+    input_tokens: int
+    hash_ids: np.ndarray
+    session: int = 0
+
+
+@dataclass(slots=True)
+class ReplayStats:
+    """Counters of one replay; ``report()`` turns them into the JSON fields."""
+
+    requests: int = 0
+    input_tokens: int = 0
+    hit_tokens: dict = field(default_factory=lambda: {"GPU": 0, "DRAM": 0, "SSD": 0})
+    ssd_blocks_written: np.ndarray | None = None  # per drive
+    ssd_blocks_read: np.ndarray | None = None     # per drive
+    dram_evictions: int = 0
+    ssd_evictions: int = 0
+    promoted_blocks: int = 0
+    baseline_hit_blocks: int = 0   # what a tier-by-tier lookup would have hit
+    unified_hit_blocks: int = 0
+    ttft: list = field(default_factory=list)
+    load_s: float = 0.0
+    prefill_s: float = 0.0
+    first_arrival: float = float("inf")
+    last_done: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySetup:
+    """Everything one replay run needs besides the trace."""
+
+    preset: Preset
+    admission: AdmissionPolicy
+    promotion: PromotionPolicy
+    coordinator: str = "paced"
+    lookup: str = "unified"
+    dram_bytes: float | None = None   # None: the preset's
+    ssd_bytes: float | None = None    # per drive; None: the preset's; 0: no SSD
+    trace_block_size: int = 64
+
+    @property
+    def block_bytes(self) -> int:
+        return self.preset.block_size * self.preset.model.kv_bytes_per_token
+
+
+class Replay:
+    """Replays arrivals through one index and one set of policies."""
+
+    def __init__(self, setup: ReplaySetup) -> None:
+        if setup.lookup not in LOOKUPS:
+            raise ValueError(f"unknown lookup {setup.lookup!r}; valid: {', '.join(LOOKUPS)}")
+        if setup.preset.model.hybrid:
+            # The index supports checkpoints; the replay's accounting of the
+            # recurrent state in DRAM/SSD capacity and traffic is not built yet.
+            raise ConfigError("preset", f"{setup.preset.name}: hybrid models are not replayed "
+                              "yet (state-checkpoint accounting is the next step)")
+        self.s = setup
+        hw = setup.preset.hardware
+        self.bs = setup.preset.block_size
+        self.block_bytes = setup.block_bytes
+        dram = hw.dram_bytes if setup.dram_bytes is None else setup.dram_bytes
+        ssd = hw.ssd_bytes if setup.ssd_bytes is None else setup.ssd_bytes
+        self.cap = {
+            GPU: _blocks(hw.gpu_cache_bytes, self.block_bytes),
+            DRAM: _blocks(dram, self.block_bytes),
+            SSD: _blocks(ssd, self.block_bytes) * hw.ssd_count,
+        }
+        self.n_drives = hw.ssd_count
+        self.ssd_on = self.cap[SSD] > 0 and not setup.admission.writes_nothing
+        self.used = {GPU: 0, DRAM: 0, SSD: 0}
+        self.link = LinkModel(hw.link_Bps, hw.dram_copy_Bps, hw.ssd_total_read_Bps,
+                              hw.pacing_efficiency, hw.contention_ssd_share)
+        self.clock = VirtualClock()
+        finite = [c for c in self.cap.values() if c < _UNLIMITED]
+        budget = max(4_000_000, 4 * sum(finite)) if finite else 4_000_000
+        self.index = RadixIndex(budget, clock=self.clock)
+        self.stats = ReplayStats(ssd_blocks_written=np.zeros(self.n_drives, np.int64),
+                                 ssd_blocks_read=np.zeros(self.n_drives, np.int64))
+        self.gpu_free_at = 0.0
+
+    # -------------------------------------------------------------- driver
+
+    def run(self, arrivals: Sequence[Arrival],
+            progress: Callable[[int], None] | None = None) -> ReplayStats:
+        tick = max(1, len(arrivals) // 200)
+        for i, a in enumerate(arrivals):
+            self.serve(a)
+            if progress is not None and (i % tick == 0 or i == len(arrivals) - 1):
+                progress(i + 1)
+        return self.stats
+
+    def serve(self, a: Arrival) -> float:
+        """Serves one request; returns its TTFT."""
+        st = self.stats
+        start = max(a.time, self.gpu_free_at)
+        self.clock.advance_to(max(self.clock.now, start))
+        keys = trace_block_keys(a.hash_ids, namespace=a.namespace,
+                                trace_block_size=self.s.trace_block_size,
+                                engine_block_size=self.bs, num_tokens=a.input_tokens)
+        n = keys.shape[0]
+        plan = self.index.match(keys)
+        # A full hit still recomputes the last token: at most (L-1)//bs blocks.
+        limit = min(n, max(a.input_tokens - 1, 0) // self.bs)
+        masks = plan.masks
+        gpu_run = _run(masks, _BIT[GPU], 0, min(plan.num_blocks, limit))
+        unified = min(plan.num_blocks, limit)
+        baseline = gpu_run
+        if gpu_run < unified:
+            first = DRAM if masks[gpu_run] & _BIT[DRAM] else SSD
+            baseline = gpu_run + _run(masks, _BIT[first], gpu_run, unified)
+        hit = unified if self.s.lookup == "unified" else baseline
+        st.baseline_hit_blocks += baseline
+        st.unified_hit_blocks += unified
+
+        # Sources: GPU first, then DRAM, then SSD.
+        seg = masks[gpu_run:hit]
+        from_dram = (seg & _BIT[DRAM]) != 0
+        if self.s.lookup == "tier-by-tier" and hit > gpu_run and not from_dram[0]:
+            from_dram[:] = False  # the run came from the SSD tier alone
+        ssd_pos = np.flatnonzero(~from_dram) + gpu_run
+        n_dram = int(from_dram.sum())
+        n_ssd = ssd_pos.shape[0]
+        load = reload_time(n_dram * self.block_bytes, n_ssd * self.block_bytes, self.link,
+                           self.s.coordinator)
+        model = self.s.preset.model
+        new_tokens = a.input_tokens - hit * self.bs
+        prefill = model.prefill_flops(new_tokens, a.input_tokens) / \
+            self.s.preset.hardware.prefill_flops_per_s
+        done = start + load + prefill
+        ttft = done - a.time
+        self.gpu_free_at = done
+
+        st.requests += 1
+        st.input_tokens += a.input_tokens
+        st.hit_tokens["GPU"] += gpu_run * self.bs
+        st.hit_tokens["DRAM"] += n_dram * self.bs
+        st.hit_tokens["SSD"] += n_ssd * self.bs
+        if n_ssd:
+            np.add.at(st.ssd_blocks_read, self._drive(keys[ssd_pos]), 1)
+        st.ttft.append(ttft)
+        st.load_s += load
+        st.prefill_s += prefill
+        st.first_arrival = min(st.first_arrival, a.time)
+        st.last_done = max(st.last_done, done)
+
+        self.index.touch(keys, hits=hit)
+        self._after_prefill(keys, masks, plan.num_known, hit, ssd_pos, n_dram, a.namespace)
+        return ttft
+
+    # ---------------------------------------------------------- mechanics
+
+    def _after_prefill(self, keys, masks, n_known, hit, ssd_pos, n_dram, session) -> None:
+        # The request's known blocks are in use: locked, no step below can
+        # evict them, so `full` (the path's residency) stays true.
+        self.index.lock(keys[:n_known])
+        try:
+            self._store(keys, masks, n_known, hit, ssd_pos, n_dram, session)
+        finally:
+            self.index.unlock(keys[:n_known])
+
+    def _store(self, keys, masks, n_known, hit, ssd_pos, n_dram, session) -> None:
+        n = keys.shape[0]
+        full = np.zeros(n, dtype=np.uint8)
+        full[:n_known] = masks
+        adm = self.s.admission
+        # Early persistence of DRAM residents the request referenced.
+        if self.ssd_on and n_known:
+            resident = np.flatnonzero((full[:n_known] & _BIT[DRAM]) != 0)
+            if resident.size:
+                h = self.index.history(keys[:n_known])
+                want = adm.on_access(keys[resident], h["reuse"][resident],
+                                     h["hits"][resident], self.clock.now)
+                self._write_ssd(keys, resident[want], full)
+        # The whole prompt is in HBM after prefill.
+        self._place(keys, np.flatnonzero((full & _BIT[GPU]) == 0), GPU, full, session)
+        # Computed blocks (not hits) land in DRAM; write-through admission.
+        computed = np.zeros(n, dtype=bool)
+        computed[hit:] = True
+        new_dram = np.flatnonzero(computed & ((full & _BIT[DRAM]) == 0))
+        self._place(keys, new_dram, DRAM, full, session)
+        if self.ssd_on and new_dram.size:
+            want = adm.on_create(keys[new_dram], self.clock.now)
+            self._write_ssd(keys, new_dram[want], full)
+        # Promotion of SSD hits into DRAM, bounded by idle DRAM victims.
+        pick = self.s.promotion.select(ssd_pos, n_dram)
+        pick = pick[(full[pick] & _BIT[DRAM]) == 0]
+        if pick.size:
+            room = self._make_room(DRAM, pick.size, self.s.promotion.min_victim_age_s, full)
+            pick = pick[:room]
+            if pick.size:
+                self._add(keys, pick, DRAM, full, session)
+                self.stats.promoted_blocks += int(pick.size)
+
+    def _place(self, keys, pos, tier, full, session) -> None:
+        """Adds `pos` to `tier`, evicting LRU blocks; if the tier cannot hold
+        them all, the earliest positions (the shared prefix) win."""
+        if pos.size == 0 or self.cap[tier] == 0:
+            return
+        room = self._make_room(tier, pos.size, None, full)
+        self._add(keys, pos[:room], tier, full, session)
+
+    def _add(self, keys, pos, tier, full, session) -> None:
+        if pos.size == 0:
+            return
+        last = int(pos[-1]) + 1
+        self.index.add(keys[:last], tier, np.zeros(pos.size, np.uint32), where=pos,
+                       session=session)
+        full[pos] |= _BIT[tier]
+        self.used[tier] += int(pos.size)
+
+    def _make_room(self, tier, want, older_than, full) -> int:
+        """Frees slots in `tier` for up to `want` blocks; returns how many fit."""
+        free = self.cap[tier] - self.used[tier]
+        if free < want:
+            ev = self.index.evict(tier, want - free, older_than=older_than)
+            k = len(ev)
+            self.used[tier] -= k
+            free += k
+            if k and tier == DRAM:
+                self.stats.dram_evictions += k
+                self._admit_victims(ev)
+            elif k and tier == SSD:
+                self.stats.ssd_evictions += k
+        return min(want, free)
+
+    def _admit_victims(self, ev) -> None:
+        if not self.ssd_on:
+            return
+        on_ssd = (ev.tiers_after & _BIT[SSD]) != 0
+        want = self.s.admission.on_evict(ev.keys, ev.reuse, ev.hits, ev.dram_evictions,
+                                         self.clock.now) & ~on_ssd
+        if want.any():
+            self._write_blocks(ev.keys[want])
+
+    def _write_ssd(self, keys, pos, full) -> None:
+        """Writes path blocks at `pos` (not yet on SSD) to the SSD tier."""
+        pos = pos[(full[pos] & _BIT[SSD]) == 0]
+        if pos.size == 0:
+            return
+        room = self._make_room(SSD, pos.size, None, full)
+        pos = pos[:room]
+        if pos.size:
+            self._add(keys, pos, SSD, full, 0)
+            np.add.at(self.stats.ssd_blocks_written, self._drive(keys[pos]), 1)
+
+    def _write_blocks(self, blocks: np.ndarray) -> None:
+        """Writes DRAM victims (indexed blocks, not a path) to the SSD."""
+        room = self._make_room(SSD, blocks.shape[0], None, None)
+        blocks = blocks[:room]
+        if blocks.shape[0]:
+            self.index.add_existing(blocks, SSD, np.zeros(blocks.shape[0], np.uint32))
+            self.used[SSD] += int(blocks.shape[0])
+            np.add.at(self.stats.ssd_blocks_written, self._drive(blocks), 1)
+
+    def _drive(self, keys: np.ndarray) -> np.ndarray:
+        if self.n_drives == 1:
+            return np.zeros(keys.shape[0], dtype=np.int64)
+        return keys[:, 0].astype(np.int64) % self.n_drives
+
+
+_UNLIMITED = 1 << 40
+
+
+def _blocks(size: float, block_bytes: int) -> int:
+    if size == float("inf"):
+        return _UNLIMITED
+    return int(size // block_bytes)
+
+
+def _run(masks: np.ndarray, bit: int, start: int, end: int) -> int:
+    """Length of the run of blocks from `start` (before `end`) that have `bit`."""
+    if start >= end:
+        return 0
+    miss = np.flatnonzero((masks[start:end] & bit) == 0)
+    return int(miss[0]) if miss.size else end - start

@@ -1,0 +1,70 @@
+"""What a replay reports per policy: SSD traffic, hits by tier, TTFT, endurance."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from saria.endurance import EnduranceReport
+from saria.sim.engine import Replay
+
+
+def policy_report(replay: Replay) -> dict:
+    """The JSON entry of one policy (keys that scripts rely on are stable:
+    ssd_bytes_written, ssd_bytes_read, hit_ratio_tokens, dram_hit_ratio_tokens,
+    ssd_hit_ratio_tokens, ttft_mean_s, ttft_p90_s, ttft_p99_s,
+    ttft_worst25_mean_s, ssd_lifetime_days)."""
+    st = replay.stats
+    bb = replay.block_bytes
+    hw = replay.s.preset.hardware
+    ttft = np.asarray(st.ttft, dtype=float)
+    written = st.ssd_blocks_written * bb
+    read = st.ssd_blocks_read * bb
+    duration = max(st.last_done - st.first_arrival, 1e-9) if st.requests else 0.0
+    tokens = max(st.input_tokens, 1)
+    hits = st.hit_tokens
+    srt = np.sort(ttft)
+    worst = srt[len(srt) - max(1, len(srt) // 4):] if len(srt) else srt
+    rate = float(written.sum()) / duration if duration else 0.0
+    per_drive_rates = [float(w) / duration if duration else 0.0 for w in written]
+    ssd_capacity = replay.cap[2] * bb // max(replay.n_drives, 1)
+    if ssd_capacity > 0 and replay.ssd_on:
+        end = EnduranceReport(capacity_bytes=float(hw.ssd_bytes), dwpd=hw.dwpd,
+                              years=hw.endurance_years, write_rate_Bps=rate,
+                              drives=replay.n_drives, per_drive_rates=tuple(per_drive_rates))
+        lifetime = end.days_to_exhaustion
+        budget = end.budget_fraction
+    else:
+        lifetime, budget = float("inf"), 0.0
+    return {
+        "requests": st.requests,
+        "input_tokens": st.input_tokens,
+        "duration_s": duration,
+        "ssd_bytes_written": int(written.sum()),
+        "ssd_bytes_read": int(read.sum()),
+        "ssd_bytes_written_per_drive": [int(x) for x in written],
+        "ssd_bytes_read_per_drive": [int(x) for x in read],
+        "ssd_write_rate_Bps": rate,
+        "dram_evictions": st.dram_evictions,
+        "ssd_evictions": st.ssd_evictions,
+        "promoted_blocks": st.promoted_blocks,
+        "hit_ratio_tokens": (hits["GPU"] + hits["DRAM"] + hits["SSD"]) / tokens,
+        "gpu_hit_ratio_tokens": hits["GPU"] / tokens,
+        "dram_hit_ratio_tokens": hits["DRAM"] / tokens,
+        "ssd_hit_ratio_tokens": hits["SSD"] / tokens,
+        "tier_by_tier_hit_blocks": st.baseline_hit_blocks,
+        "unified_hit_blocks": st.unified_hit_blocks,
+        "ttft_mean_s": float(ttft.mean()) if len(ttft) else 0.0,
+        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p90_s": _pct(ttft, 90),
+        "ttft_p99_s": _pct(ttft, 99),
+        "ttft_worst25_mean_s": float(worst.mean()) if len(worst) else 0.0,
+        "gpu_utilization": (st.load_s + st.prefill_s) / duration if duration else 0.0,
+        "reload_s_total": st.load_s,
+        "prefill_s_total": st.prefill_s,
+        "ssd_lifetime_days": None if lifetime == float("inf") else lifetime,
+        "write_budget_fraction": budget,
+    }
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else 0.0
