@@ -15,6 +15,7 @@ from saria.errors import SariaError
 # Subcommand modules, in the order ``saria --help`` lists them.
 _COMMANDS = (
     "saria.cli.replay_cmd",
+    "saria.cli.sweep_cmd",
     "saria.cli.endurance_cmd",
     "saria.cli.traces_cmd",
     "saria.cli.bench_cmd",
