@@ -36,7 +36,7 @@ nb::dict evicted_to_dict(std::vector<EvictedBlock>&& ev) {
   size_t k = ev.size();
   std::vector<uint8_t> keys(k * kKeyBytes);
   std::vector<uint32_t> slot(k), reuse(k), hits(k), dram_ev(k), session(k), depth(k);
-  std::vector<uint8_t> tiers(k), child(k);
+  std::vector<uint8_t> tiers(k), child(k), ckpt(k);
   std::vector<double> last(k);
   for (size_t i = 0; i < k; ++i) {
     std::memcpy(&keys[i * kKeyBytes], ev[i].key.w, kKeyBytes);
@@ -48,6 +48,7 @@ nb::dict evicted_to_dict(std::vector<EvictedBlock>&& ev) {
     depth[i] = ev[i].depth;
     tiers[i] = ev[i].tiers_after;
     child[i] = ev[i].child_tiers;
+    ckpt[i] = ev[i].ckpt;
     last[i] = ev[i].last_access;
   }
   nb::dict d;
@@ -60,6 +61,7 @@ nb::dict evicted_to_dict(std::vector<EvictedBlock>&& ev) {
   d["depth"] = to_numpy(std::move(depth), {k});
   d["tiers_after"] = to_numpy(std::move(tiers), {k});
   d["child_tiers"] = to_numpy(std::move(child), {k});
+  d["ckpt"] = to_numpy(std::move(ckpt), {k});
   d["last_access"] = to_numpy(std::move(last), {k});
   return d;
 }

@@ -117,7 +117,8 @@ class RefIndex:
         slots = [path[i].tiers[tiers[i]] for i in range(usable)]
         return dict(n_known=n_known, n_avail=n_avail, tbt=tbt, usable=usable,
                     ckpt_tier=ckpt_tier, ckpt_slot=ckpt_slot, tiers=tiers, slots=slots,
-                    masks=[sum(1 << t for t in n.tiers) for n in path])
+                    masks=[sum(1 << t for t in n.tiers) for n in path],
+                    ckpt_masks=[sum(1 << t for t in n.ckpt) for n in path])
 
     # mutations
     def touch(self, keys: list[bytes], hits: int, ckpt_at: int, now: float) -> int:
@@ -231,7 +232,8 @@ class RefIndex:
             out.append(dict(key=nd.key, slot=slot, reuse=nd.reuse, hits=nd.hits,
                             dram_evictions=nd.dram_evictions, depth=nd.depth,
                             tiers_after=sum(1 << t for t in nd.tiers),
-                            child_tiers=child_tiers))
+                            child_tiers=child_tiers,
+                            ckpt=sum(1 << t for t in nd.ckpt)))
         return out
 
     def lock(self, keys: list[bytes]) -> None:

@@ -98,6 +98,7 @@ class IndexMachine(RuleBasedStateMachine):
         assert list(plan.tiers) == r["tiers"]
         assert list(plan.slots) == r["slots"]
         assert list(plan.masks) == r["masks"]
+        assert list(plan.checkpoint_masks) == r["ckpt_masks"]
         h = self.ix.history(keys)
         assert list(zip(h["reuse"], h["hits"], h["dram_evictions"], h["last_access"])) == \
             self.ref.history(keys)
@@ -160,7 +161,8 @@ class IndexMachine(RuleBasedStateMachine):
         got = [dict(key=bytes(ev.keys[i]), slot=int(ev.slots[i]), reuse=int(ev.reuse[i]),
                     hits=int(ev.hits[i]), dram_evictions=int(ev.dram_evictions[i]),
                     depth=int(ev.depth[i]), tiers_after=int(ev.tiers_after[i]),
-                    child_tiers=int(ev.child_tiers[i])) for i in range(len(ev))]
+                    child_tiers=int(ev.child_tiers[i]), ckpt=int(ev.checkpoints[i]))
+               for i in range(len(ev))]
         assert got == want
 
     @rule(p=prompts, n=st.integers(0, 7))

@@ -111,9 +111,38 @@ def test_mooncake_split_to_a_smaller_engine_block_hits_the_ideal():
     assert 0.2 < rep["hit_ratio_tokens"] < 0.6
 
 
-def test_hybrid_presets_are_refused_clearly(weka):
-    with pytest.raises(ConfigError, match="hybrid models are not replayed yet"):
-        run_policy(weka, make_setup("saria", get_preset("qwen3.5-9b")), ARRIVALS)
+def test_hybrid_hits_end_at_checkpointed_boundaries(weka):
+    """Qwen3.5-9B: a hit is usable only up to a block boundary whose state was
+    checkpointed -- here the end of an earlier prompt of the same session."""
+    from saria.sim.engine import Replay
+    from saria.sim.replay import open_loop_arrivals
+    hybrid = get_preset("qwen3.5-9b")
+    arrivals = open_loop_arrivals(weka, ArrivalModel.from_spec("trace,max-idle=none"))
+    rep = Replay(make_setup("full-duplicate", hybrid, dram_bytes=float("inf")))
+    rep.run(arrivals)
+    ends: dict[int, set] = {}
+    for a, hit in zip(arrivals, rep.stats.hit_blocks):
+        if hit:
+            assert int(a.hash_ids[hit - 1]) in ends[a.namespace]
+        if a.hash_ids.size:
+            ends.setdefault(a.namespace, set()).add(int(a.hash_ids[-1]))
+    full = Replay(make_setup("full-duplicate", PRESET, dram_bytes=float("inf")))
+    full.run(arrivals)
+    # A checkpoint boundary can only shorten a hit, never lengthen it.
+    assert 0 < sum(rep.stats.hit_blocks) < sum(full.stats.hit_blocks)
+    assert all(h <= f for h, f in zip(rep.stats.hit_blocks, full.stats.hit_blocks))
+    # Full duplicate writes every block and every checkpoint it keeps in DRAM.
+    written = int(rep.stats.ssd_bytes_written.sum())
+    assert written % rep.block_bytes != 0  # state bytes (51.5 MB) are in it
+    assert written > rep.stats.requests * hybrid.model.state_bytes * 0.5
+
+
+def test_hybrid_state_counts_against_dram(weka):
+    hybrid = get_preset("qwen3.5-9b")
+    small = run_policy(weka, make_setup("E2", hybrid, dram_bytes=8e9), ARRIVALS)
+    large = run_policy(weka, make_setup("E2", hybrid, dram_bytes=512e9), ARRIVALS)
+    assert small["dram_evictions"] > large["dram_evictions"]
+    assert small["hit_ratio_tokens"] <= large["hit_ratio_tokens"]
 
 
 SARIA_CLI = shutil.which("saria")

@@ -43,6 +43,7 @@ EvictedBlock history_of(const Node& nd, uint32_t slot) {
   e.depth = nd.depth;
   e.tiers_after = nd.tiers;
   e.child_tiers = child_mask(nd);
+  e.ckpt = nd.ckpt;
   e.last_access = nd.last_access;
   return e;
 }
@@ -403,6 +404,7 @@ std::vector<EvictedBlock> RadixCore::ckpt_evict(int tier, size_t count, double c
     std::memcpy(kb, e.key.w, kKeyBytes);
     e.slot = ckpt_remove(kb, tier, now);  // may drop the node (metadata budget)
     e.tiers_after = nodes_[idx].live ? nodes_[idx].ckpt : 0;
+    e.ckpt = e.tiers_after;
     e.child_tiers = nodes_[idx].live ? child_mask(nodes_[idx]) : 0;
     out.push_back(e);
   }

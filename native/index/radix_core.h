@@ -113,6 +113,7 @@ struct EvictedBlock {
   uint32_t reuse, hits, dram_evictions, session, depth;
   uint8_t tiers_after;
   uint8_t child_tiers;  // bit t: some child is resident in tier t
+  uint8_t ckpt;         // checkpoint residency mask of the block (after the call)
   double last_access;
 };
 

@@ -100,7 +100,7 @@ class RadixIndex:
         arr = as_keys(keys)
         with self._lock:
             (n_known, n_avail, n_tbt, _first, n_usable, ckpt_tier, ckpt_slot,
-             masks, slots, _ckpt_masks) = self._core.match(arr)
+             masks, slots, ckpt_masks) = self._core.match(arr)
         n = int(n_usable)
         block_masks = masks[:n]
         # Fastest tier = lowest set bit of each mask.
@@ -123,6 +123,7 @@ class RadixIndex:
             tier_by_tier_blocks=int(n_tbt),
             checkpoint=checkpoint,
             masks=masks,
+            checkpoint_masks=ckpt_masks,
         )
 
     def history(self, keys: KeysLike) -> dict[str, np.ndarray]:
@@ -394,4 +395,4 @@ def _evicted(tier: Tier, d: dict) -> Evicted:
     return Evicted(tier=tier, keys=d["keys"], slots=d["slots"].astype(np.int64),
                    reuse=d["reuse"], hits=d["hits"], dram_evictions=d["dram_evictions"],
                    session=d["session"], depth=d["depth"], tiers_after=d["tiers_after"],
-                   child_tiers=d["child_tiers"], last_access=d["last_access"])
+                   child_tiers=d["child_tiers"], checkpoints=d["ckpt"], last_access=d["last_access"])

@@ -82,7 +82,9 @@ class ReloadPlan:
     ``tier_by_tier_blocks <= num_available`` is what a lookup that stops at the
     first block missing from the tier holding block 0 would have returned (the
     LMCache-style baseline). For hybrid models ``num_blocks`` ends at the deepest
-    checkpointed boundary and ``checkpoint`` names that checkpoint.
+    checkpointed boundary and ``checkpoint`` names that checkpoint. ``masks`` and
+    ``checkpoint_masks`` give, for each known block, the tiers holding its KV and
+    the checkpoint at the boundary after it.
     """
 
     num_blocks: int
@@ -94,6 +96,7 @@ class ReloadPlan:
     tier_by_tier_blocks: int
     checkpoint: CheckpointRef | None
     masks: np.ndarray
+    checkpoint_masks: np.ndarray
 
     def blocks_from(self, tier: Tier) -> int:
         """Blocks of the plan served from `tier`."""
@@ -114,7 +117,8 @@ class Evicted:
     ``tiers_after`` is each block's residency mask after it left the tier
     (0 = the block is now a metadata-only node); ``child_tiers`` has bit t set
     when some child of the block is resident in tier t (a victim that is the
-    only copy above an SSD-resident suffix: admission may want to keep it).
+    only copy above an SSD-resident suffix: admission may want to keep it);
+    ``checkpoints`` is each block's checkpoint residency mask after the call.
     """
 
     tier: Tier
@@ -127,6 +131,7 @@ class Evicted:
     depth: np.ndarray
     tiers_after: np.ndarray
     child_tiers: np.ndarray
+    checkpoints: np.ndarray
     last_access: np.ndarray
 
     def __len__(self) -> int:

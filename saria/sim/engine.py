@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from saria.errors import ConfigError
 from saria.index import RadixIndex, Tier, VirtualClock
 from saria.keys.trace import trace_block_keys
 from saria.policy import AdmissionPolicy, PromotionPolicy
@@ -61,14 +60,15 @@ class ReplayStats:
     requests: int = 0
     input_tokens: int = 0
     hit_tokens: dict = field(default_factory=lambda: {"GPU": 0, "DRAM": 0, "SSD": 0})
-    ssd_blocks_written: np.ndarray | None = None  # per drive
-    ssd_blocks_read: np.ndarray | None = None     # per drive
+    ssd_bytes_written: np.ndarray | None = None  # per drive (KV and checkpoints)
+    ssd_bytes_read: np.ndarray | None = None     # per drive
     dram_evictions: int = 0
     ssd_evictions: int = 0
     promoted_blocks: int = 0
     baseline_hit_blocks: int = 0   # what a tier-by-tier lookup would have hit
     unified_hit_blocks: int = 0
     ttft: list = field(default_factory=list)
+    hit_blocks: list = field(default_factory=list)  # per request, in service order
     load_s: float = 0.0
     prefill_s: float = 0.0
     first_arrival: float = float("inf")
@@ -99,12 +99,10 @@ class Replay:
     def __init__(self, setup: ReplaySetup) -> None:
         if setup.lookup not in LOOKUPS:
             raise ValueError(f"unknown lookup {setup.lookup!r}; valid: {', '.join(LOOKUPS)}")
-        if setup.preset.model.hybrid:
-            # The index supports checkpoints; the replay's accounting of the
-            # recurrent state in DRAM/SSD capacity and traffic is not built yet.
-            raise ConfigError("preset", f"{setup.preset.name}: hybrid models are not replayed "
-                              "yet (state-checkpoint accounting is the next step)")
         self.s = setup
+        model = setup.preset.model
+        self.hybrid = model.hybrid
+        self.state_bytes = int(model.state_bytes)
         hw = setup.preset.hardware
         self.bs = setup.preset.block_size
         self.block_bytes = setup.block_bytes
@@ -115,6 +113,8 @@ class Replay:
             DRAM: _blocks(dram, self.block_bytes),
             SSD: _blocks(ssd, self.block_bytes) * hw.ssd_count,
         }
+        # A checkpoint occupies whole block slots of its tier (capacity unit).
+        self.ckpt_units = -(-self.state_bytes // self.block_bytes) if self.hybrid else 0
         self.n_drives = hw.ssd_count
         self.ssd_on = self.cap[SSD] > 0 and not setup.admission.writes_nothing
         self.used = {GPU: 0, DRAM: 0, SSD: 0}
@@ -123,9 +123,9 @@ class Replay:
         self.clock = VirtualClock()
         finite = [c for c in self.cap.values() if c < _UNLIMITED]
         budget = max(4_000_000, 4 * sum(finite)) if finite else 4_000_000
-        self.index = RadixIndex(budget, clock=self.clock)
-        self.stats = ReplayStats(ssd_blocks_written=np.zeros(self.n_drives, np.int64),
-                                 ssd_blocks_read=np.zeros(self.n_drives, np.int64))
+        self.index = RadixIndex(budget, hybrid=self.hybrid, clock=self.clock)
+        self.stats = ReplayStats(ssd_bytes_written=np.zeros(self.n_drives, np.int64),
+                                 ssd_bytes_read=np.zeros(self.n_drives, np.int64))
         self.gpu_free_at = 0.0
 
     # -------------------------------------------------------------- driver
@@ -158,7 +158,14 @@ class Replay:
         if gpu_run < unified:
             first = DRAM if masks[gpu_run] & _BIT[DRAM] else SSD
             baseline = gpu_run + _run(masks, _BIT[first], gpu_run, unified)
+        ck_tier = None
+        if self.hybrid:  # usable only up to a boundary with a state checkpoint
+            cm = plan.checkpoint_masks
+            unified, ck_u = _checkpointed(cm, unified)
+            baseline, ck_b = _checkpointed(cm, baseline)
+            ck_tier = ck_u if self.s.lookup == "unified" else ck_b
         hit = unified if self.s.lookup == "unified" else baseline
+        gpu_run = min(gpu_run, hit)
         st.baseline_hit_blocks += baseline
         st.unified_hit_blocks += unified
 
@@ -170,8 +177,13 @@ class Replay:
         ssd_pos = np.flatnonzero(~from_dram) + gpu_run
         n_dram = int(from_dram.sum())
         n_ssd = ssd_pos.shape[0]
-        load = reload_time(n_dram * self.block_bytes, n_ssd * self.block_bytes, self.link,
-                           self.s.coordinator)
+        dram_bytes, ssd_bytes = n_dram * self.block_bytes, n_ssd * self.block_bytes
+        if ck_tier == DRAM:
+            dram_bytes += self.state_bytes
+        elif ck_tier == SSD:
+            ssd_bytes += self.state_bytes
+            st.ssd_bytes_read[self._drive(keys[hit - 1:hit])[0]] += self.state_bytes
+        load = reload_time(dram_bytes, ssd_bytes, self.link, self.s.coordinator)
         model = self.s.preset.model
         new_tokens = a.input_tokens - hit * self.bs
         prefill = model.prefill_flops(new_tokens, a.input_tokens) / \
@@ -186,32 +198,38 @@ class Replay:
         st.hit_tokens["DRAM"] += n_dram * self.bs
         st.hit_tokens["SSD"] += n_ssd * self.bs
         if n_ssd:
-            np.add.at(st.ssd_blocks_read, self._drive(keys[ssd_pos]), 1)
+            np.add.at(st.ssd_bytes_read, self._drive(keys[ssd_pos]), self.block_bytes)
         st.ttft.append(ttft)
+        st.hit_blocks.append(hit)
         st.load_s += load
         st.prefill_s += prefill
         st.first_arrival = min(st.first_arrival, a.time)
         st.last_done = max(st.last_done, done)
 
-        self.index.touch(keys, hits=hit)
-        self._after_prefill(keys, masks, plan.num_known, hit, ssd_pos, n_dram, a.namespace)
+        self.index.touch(keys, hits=hit, checkpoint_at=hit if ck_tier is not None else 0)
+        self._after_prefill(keys, plan, hit, ssd_pos, n_dram, a.namespace)
         return ttft
 
     # ---------------------------------------------------------- mechanics
 
-    def _after_prefill(self, keys, masks, n_known, hit, ssd_pos, n_dram, session) -> None:
+    def _after_prefill(self, keys, plan, hit, ssd_pos, n_dram, session) -> None:
         # The request's known blocks are in use: locked, no step below can
         # evict them, so `full` (the path's residency) stays true.
+        n_known = plan.num_known
         self.index.lock(keys[:n_known])
         try:
-            self._store(keys, masks, n_known, hit, ssd_pos, n_dram, session)
+            full = np.zeros(keys.shape[0], dtype=np.uint8)
+            full[:n_known] = plan.masks
+            self._ck = np.zeros(keys.shape[0], dtype=np.uint8)  # checkpoint masks of the path
+            self._ck[:n_known] = plan.checkpoint_masks
+            self._store(keys, full, n_known, hit, ssd_pos, n_dram, session)
+            if self.hybrid:
+                self._checkpoint(keys, full)
         finally:
             self.index.unlock(keys[:n_known])
 
-    def _store(self, keys, masks, n_known, hit, ssd_pos, n_dram, session) -> None:
+    def _store(self, keys, full, n_known, hit, ssd_pos, n_dram, session) -> None:
         n = keys.shape[0]
-        full = np.zeros(n, dtype=np.uint8)
-        full[:n_known] = masks
         adm = self.s.admission
         # Early persistence of DRAM residents the request referenced.
         if self.ssd_on and n_known:
@@ -259,31 +277,43 @@ class Replay:
         self.used[tier] += int(pos.size)
 
     def _make_room(self, tier, want, older_than, full) -> int:
-        """Frees slots in `tier` for up to `want` blocks; returns how many fit."""
+        """Frees capacity units in `tier` for up to `want`; returns how many
+        fit. A victim's checkpoint in the tier leaves with it."""
         free = self.cap[tier] - self.used[tier]
-        if free < want:
+        while free < want:
             ev = self.index.evict(tier, want - free, older_than=older_than)
             k = len(ev)
+            if k == 0:
+                break
             self.used[tier] -= k
-            free += k
-            if k and tier == DRAM:
+            if tier == DRAM:
                 self.stats.dram_evictions += k
                 self._admit_victims(ev)
-            elif k and tier == SSD:
+            elif tier == SSD:
                 self.stats.ssd_evictions += k
-        return min(want, free)
+            if self.hybrid:
+                for key in ev.keys[(ev.checkpoints & _BIT[tier]) != 0]:
+                    self.index.remove_checkpoint(bytes(key), tier)
+                    self.used[tier] -= self.ckpt_units
+            free = self.cap[tier] - self.used[tier]
+        return max(0, min(want, free))
 
     def _admit_victims(self, ev) -> None:
         if not self.ssd_on:
             return
-        on_ssd = (ev.tiers_after & _BIT[SSD]) != 0
         want = self.s.admission.on_evict(ev.keys, ev.reuse, ev.hits, ev.dram_evictions,
-                                         self.clock.now) & ~on_ssd
-        if want.any():
-            self._write_blocks(ev.keys[want])
+                                         self.clock.now)
+        blocks = want & ((ev.tiers_after & _BIT[SSD]) == 0)
+        if blocks.any():
+            self._write_blocks(ev.keys[blocks])
+        if self.hybrid:  # the checkpoint shares its block's admission decision
+            ck = want & ((ev.checkpoints & _BIT[DRAM]) != 0) & ((ev.checkpoints & _BIT[SSD]) == 0)
+            for key in ev.keys[ck]:
+                self._write_checkpoint(key)
 
     def _write_ssd(self, keys, pos, full) -> None:
-        """Writes path blocks at `pos` (not yet on SSD) to the SSD tier."""
+        """Writes path blocks at `pos` (not yet on SSD) to the SSD tier, with
+        the DRAM checkpoints they carry."""
         pos = pos[(full[pos] & _BIT[SSD]) == 0]
         if pos.size == 0:
             return
@@ -291,7 +321,12 @@ class Replay:
         pos = pos[:room]
         if pos.size:
             self._add(keys, pos, SSD, full, 0)
-            np.add.at(self.stats.ssd_blocks_written, self._drive(keys[pos]), 1)
+            np.add.at(self.stats.ssd_bytes_written, self._drive(keys[pos]), self.block_bytes)
+            if self.hybrid:
+                ck = self._ck[pos]
+                for p in pos[((ck & _BIT[DRAM]) != 0) & ((ck & _BIT[SSD]) == 0)]:
+                    if self._write_checkpoint(keys[p]):
+                        self._ck[p] |= _BIT[SSD]
 
     def _write_blocks(self, blocks: np.ndarray) -> None:
         """Writes DRAM victims (indexed blocks, not a path) to the SSD."""
@@ -300,12 +335,60 @@ class Replay:
         if blocks.shape[0]:
             self.index.add_existing(blocks, SSD, np.zeros(blocks.shape[0], np.uint32))
             self.used[SSD] += int(blocks.shape[0])
-            np.add.at(self.stats.ssd_blocks_written, self._drive(blocks), 1)
+            np.add.at(self.stats.ssd_bytes_written, self._drive(blocks), self.block_bytes)
+
+    # ------------------------------------------------ hybrid checkpoints
+
+    def _checkpoint(self, keys, full) -> None:
+        """After prefill the state at the prompt's last full block is kept in
+        HBM and DRAM; it supersedes this path's shallower checkpoints there
+        (a session's earlier turns), which would only hold memory."""
+        n = keys.shape[0]
+        if n == 0 or not full[n - 1]:
+            return
+        key = bytes(keys[n - 1])
+        for tier in (GPU, DRAM):
+            older = np.flatnonzero((self._ck[: n - 1] & _BIT[tier]) != 0)
+            if tier == DRAM and older.size and self.ssd_on:
+                # A superseded DRAM checkpoint is a DRAM victim: admission
+                # decides on its block's history, as for an evicted block.
+                h = self.index.history(keys[: int(older[-1]) + 1])
+                want = self.s.admission.on_evict(keys[older], h["reuse"][older], h["hits"][older],
+                                                 h["dram_evictions"][older], self.clock.now)
+                for p in older[want & ((self._ck[older] & _BIT[SSD]) == 0)]:
+                    if self._write_checkpoint(keys[p]):
+                        self._ck[p] |= _BIT[SSD]
+            for p in older:
+                self.index.remove_checkpoint(bytes(keys[p]), tier)
+                self.used[tier] -= self.ckpt_units
+                self._ck[p] &= 0xFF ^ _BIT[tier]
+            if self._ck[n - 1] & _BIT[tier] or self.cap[tier] == 0:
+                continue
+            if self._make_room(tier, self.ckpt_units, None, full) >= self.ckpt_units:
+                self.index.add_checkpoint(key, tier, 0)
+                self.used[tier] += self.ckpt_units
+                self._ck[n - 1] |= _BIT[tier]
+        if (self.ssd_on and self._ck[n - 1] & _BIT[DRAM] and not self._ck[n - 1] & _BIT[SSD]
+                and self.s.admission.on_create(keys[n - 1:n], self.clock.now)[0]):
+            self._write_checkpoint(keys[n - 1])
+
+    def _write_checkpoint(self, key: np.ndarray) -> bool:
+        if self._make_room(SSD, self.ckpt_units, None, None) < self.ckpt_units:
+            return False
+        self.index.add_checkpoint(bytes(key), SSD, 0)
+        self.used[SSD] += self.ckpt_units
+        self.stats.ssd_bytes_written[self._drive(key[None, :])[0]] += self.state_bytes
+        return True
 
     def _drive(self, keys: np.ndarray) -> np.ndarray:
+        """Drive of each block: its key folded to 64 bits, modulo the drives
+        (trace keys keep a constant first word, so all four words count)."""
         if self.n_drives == 1:
             return np.zeros(keys.shape[0], dtype=np.int64)
-        return keys[:, 0].astype(np.int64) % self.n_drives
+        w = np.ascontiguousarray(keys).view("<u8")
+        folded = w[:, 0] ^ w[:, 1] ^ w[:, 2] ^ w[:, 3]
+        folded ^= folded >> np.uint64(29)
+        return (folded % np.uint64(self.n_drives)).astype(np.int64)
 
 
 _UNLIMITED = 1 << 40
@@ -315,6 +398,16 @@ def _blocks(size: float, block_bytes: int) -> int:
     if size == float("inf"):
         return _UNLIMITED
     return int(size // block_bytes)
+
+
+def _checkpointed(ckpt_masks: np.ndarray, n: int) -> tuple[int, Tier | None]:
+    """Deepest boundary b <= n with a checkpoint, and its fastest tier."""
+    have = np.flatnonzero(ckpt_masks[:n])
+    if have.size == 0:
+        return 0, None
+    b = int(have[-1]) + 1
+    m = int(ckpt_masks[b - 1])
+    return b, next(t for t in Tier if m & _BIT[t])
 
 
 def _run(masks: np.ndarray, bit: int, start: int, end: int) -> int:

@@ -17,8 +17,8 @@ def policy_report(replay: Replay) -> dict:
     bb = replay.block_bytes
     hw = replay.s.preset.hardware
     ttft = np.asarray(st.ttft, dtype=float)
-    written = st.ssd_blocks_written * bb
-    read = st.ssd_blocks_read * bb
+    written = st.ssd_bytes_written
+    read = st.ssd_bytes_read
     duration = max(st.last_done - st.first_arrival, 1e-9) if st.requests else 0.0
     tokens = max(st.input_tokens, 1)
     hits = st.hit_tokens
