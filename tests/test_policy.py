@@ -153,3 +153,46 @@ def test_pacing_removes_the_disk_tail_with_one_ssd_and_cannot_help_a_saturated_l
     ideal_arbiter = LinkModel(50e9, 50e9, 6.5e9, pacing_efficiency=0.9, contention_ssd_share=1.0)
     d, s = split(ideal_arbiter)
     assert reload_time(d, s, ideal_arbiter, "paced") >= reload_time(d, s, ideal_arbiter, "overlap")
+
+
+def test_reload_queue_is_fifo_without_pacing():
+    from saria.transfer import ReloadQueue
+    for mode in ("serial", "overlap"):
+        q = ReloadQueue(GEN5_1SSD, mode)
+        first = q.submit(0.0, 10e9, 6.5e9)
+        second = q.submit(0.0, 5e9, 0)
+        assert first == pytest.approx(reload_time(10e9, 6.5e9, GEN5_1SSD, mode))
+        assert second == pytest.approx(first + 5e9 / 50e9)
+
+
+def test_paced_queue_gives_the_residual_to_dram_only_reloads():
+    """While request 1 reads 6.5 GB from the SSD (1 s) and only 10 GB from
+    DRAM, request 2's DRAM-only reload rides the residual ingress."""
+    from saria.transfer import ReloadQueue
+    q = ReloadQueue(GEN5_1SSD, "paced")
+    first = q.submit(0.0, 10e9, 6.5e9)
+    assert first == pytest.approx(1.0)               # the SSD read bounds it
+    residual = 0.9 * 43.5e9
+    dram1 = 10e9 / residual                          # request 1's DRAM part ends early
+    second = q.submit(0.0, 5e9, 0)
+    early = residual * (1.0 - dram1)
+    expect = 1.0 + (5e9 - early) / 50e9 if early < 5e9 else dram1 + 5e9 / residual
+    assert second == pytest.approx(expect)
+    fifo = ReloadQueue(GEN5_1SSD, "overlap")
+    fifo.submit(0.0, 10e9, 6.5e9)
+    assert second < fifo.submit(0.0, 5e9, 0)        # pacing let it start earlier
+    third = q.submit(0.0, 1e9, 1e9)                  # SSD reloads stay FIFO
+    assert third >= max(first, second)
+
+
+@given(jobs=st.lists(st.tuples(st.floats(0, 2), st.floats(0, 2e10), st.floats(0, 1e10)),
+                     min_size=1, max_size=8),
+       mode=st.sampled_from(["serial", "overlap", "paced"]))
+def test_no_reload_beats_its_own_standalone_time(jobs, mode):
+    from saria.transfer import ReloadQueue
+    q = ReloadQueue(GEN4_2SSD, mode)
+    t = 0.0
+    for dt, d, s in jobs:
+        t += dt
+        done = q.submit(t, d, s)
+        assert done >= t + reload_time(d, s, GEN4_2SSD, mode) * (1 - 1e-9) - 1e-12

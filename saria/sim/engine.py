@@ -6,9 +6,13 @@ and the coordinator's timing model are the ones the runtime uses.
 
 Model of one GPU serving the trace (all figures from the preset):
 
-* Requests arrive (open loop) at their scheduled times and wait in one FIFO
-  prefill queue. TTFT = queueing + reload + prefill of the missed tokens;
-  the GPU is busy for reload + prefill. Decode is not modelled (TTFT only).
+* Requests arrive (open loop, or closed loop per session) and wait in one
+  FIFO prefill queue. A request's reload is issued when it is next in line
+  (while the previous prefill computes) and shares the GPU's ingress link
+  with earlier reloads through the coordinator (``ReloadQueue``); its
+  prefill starts when both its reload and the GPU are done. TTFT = queueing
+  + reload + prefill of the missed tokens. Decode is not modelled.
+* Cache state changes are applied in arrival order, at arrival time.
 * Three tiers in one index: the GPU prefix cache (HBM), a DRAM pool, the
   SSDs. A request's reusable prefix is the leading run of blocks held by any
   tier (``lookup="unified"``) or, as in a tier-by-tier lookup, the GPU run
@@ -35,7 +39,7 @@ from saria.index import RadixIndex, Tier, VirtualClock
 from saria.keys.trace import trace_block_keys
 from saria.policy import AdmissionPolicy, PromotionPolicy
 from saria.sim.presets import Preset
-from saria.transfer import LinkModel, reload_time
+from saria.transfer import LinkModel, ReloadQueue, reload_time
 
 GPU, DRAM, SSD = Tier.GPU, Tier.DRAM, Tier.SSD
 _BIT = {t: 1 << int(t) for t in Tier}
@@ -126,7 +130,9 @@ class Replay:
         self.index = RadixIndex(budget, hybrid=self.hybrid, clock=self.clock)
         self.stats = ReplayStats(ssd_bytes_written=np.zeros(self.n_drives, np.int64),
                                  ssd_bytes_read=np.zeros(self.n_drives, np.int64))
-        self.gpu_free_at = 0.0
+        self.reloads = ReloadQueue(self.link, setup.coordinator)
+        self.gpu_free_at = 0.0   # the GPU finishes its current prefill
+        self.gpu_started = 0.0   # the current prefill started
 
     # -------------------------------------------------------------- driver
 
@@ -142,8 +148,7 @@ class Replay:
     def serve(self, a: Arrival) -> float:
         """Serves one request; returns its TTFT."""
         st = self.stats
-        start = max(a.time, self.gpu_free_at)
-        self.clock.advance_to(max(self.clock.now, start))
+        self.clock.advance_to(max(self.clock.now, a.time))
         keys = trace_block_keys(a.hash_ids, namespace=a.namespace,
                                 trace_block_size=self.s.trace_block_size,
                                 engine_block_size=self.bs, num_tokens=a.input_tokens)
@@ -184,11 +189,16 @@ class Replay:
             ssd_bytes += self.state_bytes
             st.ssd_bytes_read[self._drive(keys[hit - 1:hit])[0]] += self.state_bytes
         load = reload_time(dram_bytes, ssd_bytes, self.link, self.s.coordinator)
+        # The reload is issued when the request is next in line for the GPU
+        # (one request of look-ahead, as a connector loads while the previous
+        # prefill runs) and shares the ingress link with earlier reloads.
+        loaded = self.reloads.submit(max(a.time, self.gpu_started), dram_bytes, ssd_bytes)
         model = self.s.preset.model
         new_tokens = a.input_tokens - hit * self.bs
         prefill = model.prefill_flops(new_tokens, a.input_tokens) / \
             self.s.preset.hardware.prefill_flops_per_s
-        done = start + load + prefill
+        self.gpu_started = max(loaded, self.gpu_free_at)
+        done = self.gpu_started + prefill
         ttft = done - a.time
         self.gpu_free_at = done
 

@@ -120,6 +120,8 @@ HARDWARE = {
     # Gen5 link with a Gen5 drive.
     "h100-gen5-gen5ssd": HardwareSpec("h100-gen5-gen5ssd", ssd_read_Bps=13 * GB,
                                       ssd_write_Bps=9.5 * GB),
+    # No GPUDirect Storage: SSD reads bounce through a pinned DRAM buffer.
+    "h100-gen5-nogds": HardwareSpec("h100-gen5-nogds", gds=False),
     # Pageable host memory (no pinned pool): 0.4x the pinned copy rate [pcie].
     "h100-gen5-pageable": HardwareSpec("h100-gen5-pageable", dram_copy_Bps=0.4 * 50 * GB),
 }

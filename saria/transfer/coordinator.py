@@ -101,3 +101,58 @@ def reload_time(dram_bytes: float, ssd_bytes: float, link: LinkModel, mode: str 
         return t_d + left / rs
     left = dram_bytes - d_rate * t_s
     return t_s + left / rd
+
+
+class ReloadQueue:
+    """Reloads of successive requests on one GPU's ingress, in arrival order.
+
+    ``serial`` and ``overlap``: the link is one FIFO resource; a reload starts
+    when the previous one has fully finished. ``paced``: the coordinator keeps
+    the SSD path at full speed and gives the DRAM path's residual ingress to
+    whoever needs it, so a DRAM-only reload can start while an earlier
+    request's SSD read is still in flight -- at the residual rate until that
+    read ends, then at the full DRAM rate (SARIA §4.5: "residual ingress can
+    advance other DRAM-only requests"). Reloads that read from the SSD stay
+    FIFO behind every earlier reload.
+    """
+
+    def __init__(self, link: LinkModel, mode: str) -> None:
+        if mode not in COORDINATOR_MODES:
+            raise ValueError(f"unknown coordinator mode {mode!r}; valid: "
+                             f"{', '.join(COORDINATOR_MODES)}")
+        self.link = link
+        self.mode = mode
+        self.dram_free = 0.0  # the DRAM path takes new work from this time
+        self.ssd_free = 0.0   # the SSD path (and with it the paced residual) ends here
+
+    def submit(self, t: float, dram_bytes: float, ssd_bytes: float) -> float:
+        """A reload requested at time `t`; returns when its last byte lands."""
+        link = self.link
+        if dram_bytes == 0 and ssd_bytes == 0:
+            return t
+        if self.mode != "paced":
+            start = max(t, self.dram_free, self.ssd_free)
+            done = start + reload_time(dram_bytes, ssd_bytes, link, self.mode)
+            self.dram_free = self.ssd_free = done
+            return done
+        rd, rs = link.dram_alone, link.ssd_alone
+        if ssd_bytes == 0:  # DRAM-only: may ride the residual of an SSD read
+            start = max(t, self.dram_free)
+            residual = max(min(rd, link.ingress_Bps - rs), 0.0) * link.pacing_efficiency
+            if start < self.ssd_free and residual > 0:
+                early = min(dram_bytes, residual * (self.ssd_free - start))
+                done = start + early / residual if early == dram_bytes else \
+                    self.ssd_free + (dram_bytes - early) / rd
+            else:
+                done = max(start, self.ssd_free) + dram_bytes / rd
+            self.dram_free = done
+            return done
+        start = max(t, self.dram_free, self.ssd_free)
+        done = start + reload_time(dram_bytes, ssd_bytes, link, "paced")
+        ssd_done = start + ssd_bytes / rs
+        d_rate = min(rd, link.ingress_Bps - rs) * link.pacing_efficiency
+        dram_done = start + dram_bytes / d_rate if d_rate > 0 and dram_bytes <= d_rate * (
+            ssd_done - start) else done
+        self.ssd_free = ssd_done
+        self.dram_free = dram_done
+        return done
