@@ -5,6 +5,8 @@
 // while they work; the Python facade serialises access with its own lock.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+
+#include "np_util.h"
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -24,13 +26,7 @@ using U32Array = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::devi
 
 namespace {
 
-// A numpy array that owns a heap copy of `v`.
-template <typename T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& v, std::initializer_list<size_t> shape) {
-  auto* heap = new std::vector<T>(std::move(v));
-  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
-  return nb::ndarray<nb::numpy, T>(heap->data(), shape.size(), shape.begin(), owner);
-}
+using saria_np::to_numpy;
 
 nb::dict evicted_to_dict(std::vector<EvictedBlock>&& ev) {
   size_t k = ev.size();

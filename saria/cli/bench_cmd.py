@@ -45,6 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ix.add_argument("--limit-sessions", type=int, default=None, metavar="N",
                     help="WEKA: first N sessions only")
     ix.set_defaults(func=run_index)
+    from saria.cli.bench_io_cmd import add_io_parser
+
+    add_io_parser(sub)
 
 
 def run_index(args: argparse.Namespace) -> int:

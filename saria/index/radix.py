@@ -140,6 +140,10 @@ class RadixIndex:
             slot = int(self._core.slot_of(_one_key(key), int(t)))
         return None if slot == NO_SLOT else slot
 
+    def now(self) -> float:
+        """The index's clock reading (what an operation without `now` uses)."""
+        return self._now(None)
+
     def stats(self) -> IndexStats:
         with self._lock:
             c = self._core

@@ -1,0 +1,1151 @@
+// SSD tier engine: see ssd_store.h for the on-disk format and the contract.
+#include "store/ssd_store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <unordered_map>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <nmmintrin.h>
+#define SARIA_X86 1
+#endif
+
+namespace saria_store {
+
+// ---------------------------------------------------------------------------
+// crc32c (Castagnoli, reflected polynomial 0x82F63B78), standard init/xorout
+// (~0), chained like zlib's crc32: crc32c(crc32c(0, a), b) == crc32c(0, a||b).
+// SSE4.2 with three interleaved streams combined in GF(2) for large buffers;
+// a portable slicing-by-8 table otherwise.
+// ---------------------------------------------------------------------------
+namespace {
+constexpr uint32_t kPoly = 0x82F63B78u;
+
+struct SwTable {
+  uint32_t t[8][256];
+  SwTable() {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPoly : c >> 1;
+      t[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; ++i)
+      for (int s = 1; s < 8; ++s) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
+  }
+};
+const SwTable& sw_table() {
+  static SwTable tab;
+  return tab;
+}
+
+uint32_t crc_sw(uint32_t crc, const uint8_t* p, size_t n) {
+  const auto& t = sw_table().t;
+  uint32_t c = ~crc;
+  while (n && (reinterpret_cast<uintptr_t>(p) & 7)) {
+    c = (c >> 8) ^ t[0][(c ^ *p++) & 0xff];
+    --n;
+  }
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    w ^= c;
+    c = t[7][w & 0xff] ^ t[6][(w >> 8) & 0xff] ^ t[5][(w >> 16) & 0xff] ^ t[4][(w >> 24) & 0xff] ^
+        t[3][(w >> 32) & 0xff] ^ t[2][(w >> 40) & 0xff] ^ t[1][(w >> 48) & 0xff] ^ t[0][w >> 56];
+    p += 8;
+    n -= 8;
+  }
+  while (n--) c = (c >> 8) ^ t[0][(c ^ *p++) & 0xff];
+  return ~c;
+}
+
+// GF(2) helpers from zlib's crc32_combine, for the crc32c polynomial.
+uint32_t multmodp(uint32_t a, uint32_t b) {
+  uint32_t m = 1u << 31, p = 0;
+  for (;;) {
+    if (a & m) {
+      p ^= b;
+      if ((a & (m - 1)) == 0) break;
+    }
+    m >>= 1;
+    b = (b & 1) ? (b >> 1) ^ kPoly : b >> 1;
+  }
+  return p;
+}
+struct X2n {
+  uint32_t t[32];
+  X2n() {
+    uint32_t p = 1u << 30;  // x^1
+    t[0] = p;
+    for (int n = 1; n < 32; ++n) t[n] = p = multmodp(p, p);
+  }
+};
+uint32_t x8nmodp(size_t n) {  // x^(8n) mod P
+  static X2n x2n;
+  uint32_t p = 1u << 31;
+  unsigned k = 3;
+  while (n) {
+    if (n & 1) p = multmodp(x2n.t[k & 31], p);
+    n >>= 1;
+    ++k;
+  }
+  return p;
+}
+inline uint32_t crc_combine(uint32_t c1, uint32_t c2, size_t len2) {
+  return multmodp(x8nmodp(len2), c1) ^ c2;
+}
+
+#ifdef SARIA_X86
+__attribute__((target("sse4.2"))) uint32_t crc_hw_raw(uint32_t c, const uint8_t* p, size_t n) {
+  uint64_t s = c;
+  while (n && (reinterpret_cast<uintptr_t>(p) & 7)) {
+    s = _mm_crc32_u8(static_cast<uint32_t>(s), *p++);
+    --n;
+  }
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    s = _mm_crc32_u64(s, w);
+    p += 8;
+    n -= 8;
+  }
+  while (n--) s = _mm_crc32_u8(static_cast<uint32_t>(s), *p++);
+  return static_cast<uint32_t>(s);
+}
+
+__attribute__((target("sse4.2"))) uint32_t crc_hw(uint32_t crc, const uint8_t* p, size_t n) {
+  if (n < 3 * 1024) return ~crc_hw_raw(~crc, p, n);
+  // Three independent streams hide the 3-cycle latency of crc32q.
+  size_t L = (n / 3) & ~size_t(7);
+  uint64_t a = ~crc, b = 0xffffffffu, c = 0xffffffffu;
+  const uint8_t* pa = p;
+  const uint8_t* pb = p + L;
+  const uint8_t* pc = p + 2 * L;
+  for (size_t i = 0; i < L; i += 8) {
+    uint64_t wa, wb, wc;
+    std::memcpy(&wa, pa + i, 8);
+    std::memcpy(&wb, pb + i, 8);
+    std::memcpy(&wc, pc + i, 8);
+    a = _mm_crc32_u64(a, wa);
+    b = _mm_crc32_u64(b, wb);
+    c = _mm_crc32_u64(c, wc);
+  }
+  uint32_t fa = ~static_cast<uint32_t>(a), fb = ~static_cast<uint32_t>(b), fc = ~static_cast<uint32_t>(c);
+  uint32_t r = crc_combine(crc_combine(fa, fb, L), fc, L);
+  return ~crc_hw_raw(~r, p + 3 * L, n - 3 * L);
+}
+bool detect_hw() { return __builtin_cpu_supports("sse4.2"); }
+#else
+bool detect_hw() { return false; }
+#endif
+
+const bool g_hw = detect_hw();
+
+inline void put32(uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); }  // little-endian hosts only
+inline void put64(uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); }
+inline uint32_t get32(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+inline uint64_t get64(const uint8_t* p) { uint64_t v; std::memcpy(&v, p, 8); return v; }
+
+const uint8_t kSlotMagic[8] = {'S', 'A', 'R', 'I', 'A', 'S', 'L', 'T'};
+const uint8_t kSuperMagic[8] = {'S', 'A', 'R', 'I', 'A', 'S', 'U', 'P'};
+constexpr size_t kSuperCrcAt = 76;
+
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string errstr(int e) {
+  char buf[256];
+  return std::string(strerror_r(e, buf, sizeof buf));
+}
+
+// Aligned staging buffer, one per thread, grown on demand.
+struct AlignedBuf {
+  uint8_t* p = nullptr;
+  size_t n = 0;
+  ~AlignedBuf() { std::free(p); }
+  uint8_t* get(size_t want) {
+    if (n < want) {
+      std::free(p);
+      p = nullptr;
+      n = 0;
+      void* q = nullptr;
+      if (posix_memalign(&q, kAlign, want) != 0) throw std::bad_alloc();
+      p = static_cast<uint8_t*>(q);
+      n = want;
+    }
+    return p;
+  }
+};
+thread_local AlignedBuf tl_buf;
+
+struct KeyHash {
+  size_t operator()(const std::array<uint8_t, 32>& k) const {
+    uint64_t a, b;
+    std::memcpy(&a, k.data(), 8);
+    std::memcpy(&b, k.data() + 8, 8);
+    return static_cast<size_t>(a ^ (b * 0x9E3779B97F4A7C15ull));
+  }
+};
+
+enum class Verdict { kOk, kInvalid, kKeyMismatch };
+
+// Verify a slot record in memory. `key` may be null (recovery).
+Verdict verify_slot(const uint8_t* s, uint32_t local, uint64_t block_bytes, bool check_payload,
+                    const uint8_t* key) {
+  if (std::memcmp(s, kSlotMagic, 8) != 0) return Verdict::kInvalid;
+  if (get32(s + 8) != kFormatVersion) return Verdict::kInvalid;
+  if (get32(s + 12) != block_bytes) return Verdict::kInvalid;
+  uint8_t loc[4];
+  put32(loc, local);
+  uint32_t hc = crc32c(crc32c(0, s, 60), loc, 4);
+  if (hc != get32(s + 60)) return Verdict::kInvalid;
+  if (check_payload && crc32c(0, s + kHeaderBytes, block_bytes) != get32(s + 56)) return Verdict::kInvalid;
+  if (key && std::memcmp(s + 16, key, kKeyBytes) != 0) return Verdict::kKeyMismatch;
+  return Verdict::kOk;
+}
+
+}  // namespace
+
+uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+#ifdef SARIA_X86
+  if (g_hw) return crc_hw(crc, p, n);
+#endif
+  return crc_sw(crc, p, n);
+}
+bool crc32c_hw() { return g_hw; }
+uint32_t crc32c_portable(uint32_t crc, const void* data, size_t n) {
+  return crc_sw(crc, static_cast<const uint8_t*>(data), n);
+}
+
+// ---------------------------------------------------------------------------
+// Thread pool
+// ---------------------------------------------------------------------------
+ThreadPool::ThreadPool(int n) {
+  for (int i = 0; i < n; ++i) workers_.emplace_back([this] { loop(); });
+}
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> g(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+void ThreadPool::submit(std::function<void()> f) {
+  {
+    std::lock_guard<std::mutex> g(m_);
+    q_.push_back(std::move(f));
+  }
+  cv_.notify_one();
+}
+bool ThreadPool::try_run_one() {
+  std::function<void()> f;
+  {
+    std::lock_guard<std::mutex> g(m_);
+    if (q_.empty()) return false;
+    f = std::move(q_.front());
+    q_.pop_front();
+  }
+  f();
+  return true;
+}
+void ThreadPool::loop() {
+  for (;;) {
+    std::function<void()> f;
+    {
+      std::unique_lock<std::mutex> lk(m_);
+      cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+      if (q_.empty()) return;
+      f = std::move(q_.front());
+      q_.pop_front();
+    }
+    f();
+  }
+}
+
+void SsdStore::run_tasks(std::vector<std::function<void()>>& tasks) {
+  if (tasks.empty()) return;
+  if (tasks.size() == 1 || !pool_) {
+    for (auto& t : tasks) t();
+    return;
+  }
+  struct Latch {
+    std::atomic<size_t> left;
+    std::mutex m;
+    std::condition_variable cv;
+  };
+  auto latch = std::make_shared<Latch>();
+  latch->left = tasks.size();
+  for (auto& t : tasks) {
+    pool_->submit([latch, f = std::move(t)] {
+      f();
+      if (latch->left.fetch_sub(1) == 1) {
+        std::lock_guard<std::mutex> g(latch->m);
+        latch->cv.notify_all();
+      }
+    });
+  }
+  // The caller works too, then waits for the tasks the workers took.
+  while (latch->left.load() > 0 && pool_->try_run_one()) {
+  }
+  std::unique_lock<std::mutex> lk(latch->m);
+  latch->cv.wait(lk, [&] { return latch->left.load() == 0; });
+}
+
+// ---------------------------------------------------------------------------
+// Store: open, create, recover
+// ---------------------------------------------------------------------------
+SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
+  if (opt_.dirs.empty()) throw std::invalid_argument("dirs: at least one drive directory is needed");
+  if (opt_.capacity_bytes.size() != opt_.dirs.size())
+    throw std::invalid_argument("capacity_bytes: one capacity per drive is needed (" +
+                                std::to_string(opt_.dirs.size()) + " drives, " +
+                                std::to_string(opt_.capacity_bytes.size()) + " capacities)");
+  if (opt_.block_bytes == 0 || opt_.block_bytes > (1ull << 30))
+    throw std::invalid_argument("block_bytes: must be in [1, 2**30], got " + std::to_string(opt_.block_bytes));
+  if (opt_.unit_bytes < kAlign)
+    throw std::invalid_argument("unit_bytes: must be at least 4096, got " + std::to_string(opt_.unit_bytes));
+  if (opt_.threads < 0 || opt_.threads > 1024)
+    throw std::invalid_argument("threads: must be in [0, 1024], got " + std::to_string(opt_.threads));
+  block_bytes_ = opt_.block_bytes;
+  slot_bytes_ = round_up(kHeaderBytes + block_bytes_, kAlign);
+  unit_slots_ = std::max<uint64_t>(1, opt_.unit_bytes / slot_bytes_);
+  uint64_t base = 0;
+  for (size_t d = 0; d < opt_.dirs.size(); ++d) {
+    auto dr = std::make_unique<Drive>();
+    dr->dir = opt_.dirs[d];
+    while (dr->dir.size() > 1 && dr->dir.back() == '/') dr->dir.pop_back();
+    dr->path = dr->dir + "/" + kDataFileName;
+    uint64_t cap = opt_.capacity_bytes[d];
+    if (cap < kDataOffset + slot_bytes_)
+      throw std::invalid_argument("capacity_bytes: drive " + std::to_string(d) + " (" + dr->dir + ") capacity " +
+                                  std::to_string(cap) + " holds no slot of " + std::to_string(slot_bytes_) +
+                                  " bytes (needs at least " + std::to_string(kDataOffset + slot_bytes_) + ")");
+    dr->n_slots = (cap - kDataOffset) / slot_bytes_;
+    dr->base = base;
+    base += dr->n_slots;
+    drives_.push_back(std::move(dr));
+  }
+  if (base > 0xFFFFFFFFull)
+    throw std::invalid_argument("capacity_bytes: " + std::to_string(base) +
+                                " slots in all exceed the 2**32 handle space; use larger blocks or less capacity");
+  total_slots_ = base;
+  for (size_t i = 0; i + 1 < drives_.size(); ++i)
+    for (size_t j = i + 1; j < drives_.size(); ++j)
+      if (drives_[i]->dir == drives_[j]->dir)
+        throw std::invalid_argument("dirs: directory " + drives_[i]->dir + " is given twice");
+
+  nthreads_ = opt_.threads > 0 ? opt_.threads : static_cast<int>(4 * drives_.size());
+  pool_ = std::make_unique<ThreadPool>(nthreads_);
+
+  size_t usable = 0;
+  for (size_t d = 0; d < drives_.size(); ++d) {
+    Drive& dr = *drives_[d];
+    dr.allocated.assign(dr.n_slots, 0);
+    try {
+      open_drive(d, static_cast<uint32_t>(d));
+      ++usable;
+    } catch (const OsFailure& e) {
+      if (!opt_.allow_degraded) {
+        pool_.reset();
+        for (auto& x : drives_)
+          if (x->fd >= 0) ::close(x->fd);
+        throw;
+      }
+      mark_failed(dr, e.err, e.what());
+    } catch (...) {
+      pool_.reset();
+      for (auto& x : drives_)
+        if (x->fd >= 0) ::close(x->fd);
+      throw;
+    }
+  }
+  if (usable == 0) {
+    pool_.reset();
+    throw OsFailure(drives_[0]->last_errno, "no drive could be opened; first error: " + drives_[0]->last_error);
+  }
+
+  // Recovery: scan every usable drive, keep the newest record per key.
+  std::vector<std::vector<std::tuple<uint64_t, uint32_t, std::array<uint8_t, 32>>>> found(drives_.size());
+  for (size_t d = 0; d < drives_.size(); ++d)
+    if (drives_[d]->fd >= 0 && !drives_[d]->created) scan_drive(d, &found[d]);
+  struct Best {
+    uint64_t seq;
+    uint32_t drive, slot;
+  };
+  std::unordered_map<std::array<uint8_t, 32>, Best, KeyHash> best;
+  uint64_t max_seq = 0;
+  for (size_t d = 0; d < drives_.size(); ++d) {
+    for (auto& [seq, slot, key] : found[d]) {
+      max_seq = std::max(max_seq, seq);
+      auto it = best.find(key);
+      if (it == best.end() || it->second.seq < seq) best[key] = Best{seq, static_cast<uint32_t>(d), slot};
+    }
+  }
+  seq_ = max_seq + 1;
+  std::vector<uint64_t> cursor_seq(drives_.size(), 0);
+  recovered_.keys.reserve(best.size() * kKeyBytes);
+  for (auto& [key, b] : best) {
+    Drive& dr = *drives_[b.drive];
+    dr.allocated[b.slot] = 1;
+    dr.recovered++;
+    recovered_.keys.insert(recovered_.keys.end(), key.begin(), key.end());
+    recovered_.handles.push_back(static_cast<int64_t>(dr.base + b.slot));
+    recovered_.seqs.push_back(b.seq);
+    if (b.seq >= cursor_seq[b.drive]) {
+      cursor_seq[b.drive] = b.seq;
+      dr.cursor = static_cast<uint32_t>((b.slot + 1) % dr.n_slots);  // the log goes on after its newest record
+    }
+  }
+  for (auto& drp : drives_) {
+    Drive& dr = *drp;
+    if (dr.fd < 0) continue;
+    uint64_t s = 0;
+    while (s < dr.n_slots) {
+      if (dr.allocated[s]) {
+        ++s;
+        continue;
+      }
+      uint64_t e = s;
+      while (e < dr.n_slots && !dr.allocated[e]) ++e;
+      dr.free_runs[static_cast<uint32_t>(s)] = static_cast<uint32_t>(e - s);
+      dr.free_count += e - s;
+      s = e;
+    }
+  }
+}
+
+SsdStore::~SsdStore() { close(); }
+
+void SsdStore::create_file(Drive& dr, uint32_t index) {
+  std::string tmp = dr.path + ".tmp";
+  ::unlink(tmp.c_str());
+  int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (opt_.direct ? O_DIRECT : 0);
+  int fd = ::open(tmp.c_str(), flags, 0644);
+  if (fd < 0) {
+    int e = errno;
+    throw OsFailure(e, "drive " + dr.dir + ": cannot create " + tmp + ": " + errstr(e) +
+                           (e == EINVAL && opt_.direct ? " (the filesystem may not support O_DIRECT)" : ""));
+  }
+  auto fail = [&](const std::string& what, int e) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw OsFailure(e, "drive " + dr.dir + ": " + what + ": " + errstr(e));
+  };
+  uint64_t size = kDataOffset + dr.n_slots * slot_bytes_;
+  if (opt_.preallocate) {
+    int r = ::posix_fallocate(fd, 0, static_cast<off_t>(size));
+    if (r != 0) fail("fallocate " + std::to_string(size) + " bytes", r);
+  } else if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    fail("ftruncate " + std::to_string(size) + " bytes", errno);
+  }
+  uint8_t* sb = tl_buf.get(kAlign);
+  std::memset(sb, 0, kAlign);
+  std::memcpy(sb, kSuperMagic, 8);
+  put32(sb + 8, kFormatVersion);
+  put32(sb + 12, static_cast<uint32_t>(kHeaderBytes));
+  put64(sb + 16, block_bytes_);
+  put64(sb + 24, slot_bytes_);
+  put64(sb + 32, dr.n_slots);
+  put64(sb + 40, kDataOffset);
+  put64(sb + 48, static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                           std::chrono::system_clock::now().time_since_epoch())
+                                           .count()));
+  std::random_device rd;
+  for (int i = 0; i < 16; i += 4) put32(sb + 56 + i, rd());
+  put32(sb + 72, index);
+  put32(sb + kSuperCrcAt, crc32c(0, sb, kSuperCrcAt));
+  dr.fd = fd;
+  int e = 0;
+  size_t n = 0;
+  {
+    // Superblock write: counted like every other byte written to the drive.
+    ssize_t r;
+    do {
+      r = ::pwrite(fd, sb, kAlign, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) e = errno;
+    else n = static_cast<size_t>(r);
+    dr.bytes_written += n;
+  }
+  dr.fd = -1;
+  if (e != 0 || n != kAlign) fail("write superblock", e ? e : EIO);
+  if (::fdatasync(fd) != 0) fail("fdatasync", errno);
+  if (::rename(tmp.c_str(), dr.path.c_str()) != 0) fail("rename to " + dr.path, errno);
+  int dfd = ::open(dr.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  dr.fd = fd;
+}
+
+void SsdStore::open_drive(size_t d, uint32_t index) {
+  Drive& dr = *drives_[d];
+  struct stat st;
+  if (::stat(dr.dir.c_str(), &st) != 0) {
+    if (errno != ENOENT) {
+      int e = errno;
+      throw OsFailure(e, "drive " + dr.dir + ": " + errstr(e));
+    }
+    if (::mkdir(dr.dir.c_str(), 0755) != 0 && errno != EEXIST) {
+      int e = errno;
+      throw OsFailure(e, "drive " + dr.dir + ": cannot create the directory: " + errstr(e));
+    }
+  } else if (!S_ISDIR(st.st_mode)) {
+    throw OsFailure(ENOTDIR, "drive " + dr.dir + ": not a directory");
+  }
+  int flags = O_RDWR | O_CLOEXEC | (opt_.direct ? O_DIRECT : 0);
+  int fd = ::open(dr.path.c_str(), flags);
+  if (fd < 0 && errno == ENOENT) {
+    create_file(dr, index);
+    dr.created = true;
+  } else if (fd < 0) {
+    int e = errno;
+    throw OsFailure(e, "drive " + dr.dir + ": cannot open " + dr.path + ": " + errstr(e) +
+                           (e == EINVAL && opt_.direct ? " (the filesystem may not support O_DIRECT)" : ""));
+  } else {
+    dr.fd = fd;
+    uint8_t* sb = tl_buf.get(kAlign);
+    int e = 0;
+    ssize_t r;
+    do {
+      r = ::pread(fd, sb, kAlign, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) e = errno;
+    else dr.bytes_read += static_cast<uint64_t>(r);
+    auto bad = [&](const std::string& msg) {
+      ::close(fd);
+      dr.fd = -1;
+      throw std::invalid_argument(msg);
+    };
+    if (e != 0) {
+      ::close(fd);
+      dr.fd = -1;
+      throw OsFailure(e, "drive " + dr.dir + ": cannot read the superblock: " + errstr(e));
+    }
+    if (r != static_cast<ssize_t>(kAlign) || std::memcmp(sb, kSuperMagic, 8) != 0 ||
+        crc32c(0, sb, kSuperCrcAt) != get32(sb + kSuperCrcAt))
+      bad("dirs: " + dr.path + " is not a saria SSD data file (bad or torn superblock); move it away");
+    if (get32(sb + 8) != kFormatVersion)
+      bad("dirs: " + dr.path + " has on-disk format version " + std::to_string(get32(sb + 8)) + ", this build reads " +
+          std::to_string(kFormatVersion));
+    if (get64(sb + 16) != block_bytes_)
+      bad("block_bytes: " + dr.path + " was created with block_bytes=" + std::to_string(get64(sb + 16)) +
+          ", not " + std::to_string(block_bytes_));
+    if (get64(sb + 24) != slot_bytes_ || get64(sb + 40) != kDataOffset)
+      bad("dirs: " + dr.path + " has an unexpected slot layout");
+    if (get64(sb + 32) != dr.n_slots)
+      bad("capacity_bytes: " + dr.path + " was created with " + std::to_string(get64(sb + 32)) +
+          " slots (capacity " + std::to_string(kDataOffset + get64(sb + 32) * slot_bytes_) + " bytes), not " +
+          std::to_string(dr.n_slots) + "; open it with the same capacity");
+    struct stat fst;
+    if (::fstat(fd, &fst) == 0 && static_cast<uint64_t>(fst.st_size) < kDataOffset + dr.n_slots * slot_bytes_)
+      bad("dirs: " + dr.path + " is shorter than its superblock says (truncated?)");
+  }
+  struct stat fst;
+  if (::fstat(dr.fd, &fst) == 0) {
+    dr.dev = fst.st_dev;
+    dr.ino = fst.st_ino;
+  }
+}
+
+void SsdStore::scan_drive(size_t d, std::vector<std::tuple<uint64_t, uint32_t, std::array<uint8_t, 32>>>* out) {
+  Drive& dr = *drives_[d];
+  // Header-only scans of big slots read just the first page of each slot.
+  bool headers_only = !opt_.full_scan && slot_bytes_ > (64u << 10);
+  uint64_t chunk_slots = headers_only ? 64 : std::max<uint64_t>(unit_slots_, (4ull << 20) / slot_bytes_);
+  chunk_slots = std::max<uint64_t>(chunk_slots, 1);
+  std::mutex m;
+  std::vector<std::function<void()>> tasks;
+  std::atomic<int> io_err{0};
+  for (uint64_t s0 = 0; s0 < dr.n_slots; s0 += chunk_slots) {
+    uint64_t n = std::min(chunk_slots, dr.n_slots - s0);
+    tasks.push_back([&, s0, n] {
+      std::vector<std::tuple<uint64_t, uint32_t, std::array<uint8_t, 32>>> local;
+      uint64_t invalid = 0;
+      try {
+        if (headers_only) {
+          uint8_t* buf = tl_buf.get(kAlign);
+          for (uint64_t j = 0; j < n; ++j) {
+            uint32_t slot = static_cast<uint32_t>(s0 + j);
+            int e = 0;
+            size_t got = 0;
+            {
+              ssize_t r;
+              uint64_t off = kDataOffset + slot * slot_bytes_;
+              do {
+                r = ::pread(dr.fd, buf, kAlign, static_cast<off_t>(off));
+              } while (r < 0 && errno == EINTR);
+              if (r < 0) e = errno;
+              else got = static_cast<size_t>(r);
+              dr.bytes_read += got;
+            }
+            if (e || got < kAlign) {
+              io_err = e ? e : EIO;
+              dr.read_errors++;
+              continue;
+            }
+            if (verify_slot(buf, slot, block_bytes_, false, nullptr) == Verdict::kOk) {
+              std::array<uint8_t, 32> k;
+              std::memcpy(k.data(), buf + 16, 32);
+              local.emplace_back(get64(buf + 48), slot, k);
+            } else if (std::memcmp(buf, kSlotMagic, 8) == 0) {
+              ++invalid;
+            }
+          }
+        } else {
+          size_t bytes = n * slot_bytes_;
+          uint8_t* buf = tl_buf.get(bytes);
+          int e = 0;
+          size_t got = 0;
+          uint64_t off = kDataOffset + s0 * slot_bytes_;
+          while (got < bytes) {
+            ssize_t r = ::pread(dr.fd, buf + got, bytes - got, static_cast<off_t>(off + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) {
+              e = r < 0 ? errno : EIO;
+              break;
+            }
+            got += static_cast<size_t>(r);
+          }
+          dr.bytes_read += got;
+          if (e) {
+            io_err = e;
+            dr.read_errors++;
+          }
+          uint64_t full = got / slot_bytes_;
+          for (uint64_t j = 0; j < full; ++j) {
+            const uint8_t* s = buf + j * slot_bytes_;
+            uint32_t slot = static_cast<uint32_t>(s0 + j);
+            if (verify_slot(s, slot, block_bytes_, true, nullptr) == Verdict::kOk) {
+              std::array<uint8_t, 32> k;
+              std::memcpy(k.data(), s + 16, 32);
+              local.emplace_back(get64(s + 48), slot, k);
+            } else if (std::memcmp(s, kSlotMagic, 8) == 0) {
+              ++invalid;  // a record that does not verify: torn, corrupt
+            }
+          }
+        }
+      } catch (const std::bad_alloc&) {
+        io_err = ENOMEM;
+      }
+      std::lock_guard<std::mutex> g(m);
+      out->insert(out->end(), local.begin(), local.end());
+      dr.invalid_slots += invalid;
+    });
+  }
+  run_tasks(tasks);
+  if (io_err.load())
+    mark_failed(dr, io_err.load(), "read error while scanning " + dr.path + " at open: " + errstr(io_err.load()));
+}
+
+// ---------------------------------------------------------------------------
+// Health, fault injection, raw I/O
+// ---------------------------------------------------------------------------
+void SsdStore::mark_failed(Drive& dr, int err, const std::string& what) {
+  std::lock_guard<std::mutex> g(dr.err_m);
+  dr.failed = true;
+  dr.last_errno = err;
+  dr.last_error = what;
+}
+
+bool SsdStore::path_ok(Drive& dr) {
+  struct stat st;
+  if (::stat(dr.path.c_str(), &st) != 0) {
+    int e = errno;
+    mark_failed(dr, e, "data file " + dr.path + " is no longer reachable: " + errstr(e));
+    return false;
+  }
+  if (st.st_dev != dr.dev || st.st_ino != dr.ino) {
+    mark_failed(dr, ESTALE, "data file " + dr.path + " was replaced by another file");
+    return false;
+  }
+  return true;
+}
+
+bool SsdStore::injected(Drive& dr, bool write_op, int* err) {
+  if (!dr.has_injection.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> g(dr.inj_m);
+  Injection& in = write_op ? dr.inj_write : dr.inj_read;
+  if (in.count <= 0) return false;
+  if (in.skip > 0) {
+    --in.skip;
+    return false;
+  }
+  --in.count;
+  *err = in.err;
+  dr.injected++;
+  if (dr.inj_write.count <= 0 && dr.inj_read.count <= 0) dr.has_injection = false;
+  return true;
+}
+
+// Full pwrite/pread with retry on EINTR and short transfers. Returns the bytes
+// transferred; *err is 0 iff all n bytes were transferred.
+ssize_t SsdStore::do_pwrite(Drive& dr, const void* buf, size_t n, uint64_t off) {
+  int e = 0;
+  if (injected(dr, true, &e)) {
+    errno = e;
+    return -1;
+  }
+  size_t done = 0;
+  const auto* p = static_cast<const uint8_t*>(buf);
+  while (done < n) {
+    ssize_t r = ::pwrite(dr.fd, p + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      e = errno;
+      break;
+    }
+    if (r == 0) {
+      e = ENOSPC;
+      break;
+    }
+    done += static_cast<size_t>(r);
+  }
+  dr.bytes_written += done;
+  if (done < n) {
+    errno = e;
+    return done > 0 ? static_cast<ssize_t>(done) : -1;
+  }
+  return static_cast<ssize_t>(done);
+}
+
+ssize_t SsdStore::do_pread(Drive& dr, void* buf, size_t n, uint64_t off) {
+  int e = 0;
+  if (injected(dr, false, &e)) {
+    errno = e;
+    return -1;
+  }
+  size_t done = 0;
+  auto* p = static_cast<uint8_t*>(buf);
+  while (done < n) {
+    ssize_t r = ::pread(dr.fd, p + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      e = errno;
+      break;
+    }
+    if (r == 0) {
+      e = EIO;  // unexpected end of file
+      break;
+    }
+    done += static_cast<size_t>(r);
+  }
+  dr.bytes_read += done;
+  if (done < n) {
+    errno = e;
+    return done > 0 ? static_cast<ssize_t>(done) : -1;
+  }
+  return static_cast<ssize_t>(done);
+}
+
+void SsdStore::inject_failure(int drive, bool write_op, int err, int64_t count, int64_t skip) {
+  check_open();
+  if (drive < 0 || static_cast<size_t>(drive) >= drives_.size())
+    throw std::invalid_argument("drive: no drive " + std::to_string(drive));
+  Drive& dr = *drives_[drive];
+  std::lock_guard<std::mutex> g(dr.inj_m);
+  Injection& in = write_op ? dr.inj_write : dr.inj_read;
+  in.err = err;
+  in.count = count;
+  in.skip = skip;
+  dr.has_injection = dr.inj_write.count > 0 || dr.inj_read.count > 0;
+}
+
+void SsdStore::revive(int drive) {
+  check_open();
+  if (drive < 0 || static_cast<size_t>(drive) >= drives_.size())
+    throw std::invalid_argument("drive: no drive " + std::to_string(drive));
+  Drive& dr = *drives_[drive];
+  if (dr.fd < 0) throw OsFailure(EBADF, "drive " + dr.dir + " was never opened; reopen the store");
+  if (!path_ok(dr)) return;
+  dr.failed = false;
+}
+
+void SsdStore::check_drives() {
+  std::shared_lock<std::shared_mutex> life(life_);
+  if (closed_) return;
+  for (auto& d : drives_)
+    if (!d->failed && d->fd >= 0) path_ok(*d);
+}
+
+void SsdStore::check_open() const {
+  if (closed_) throw std::runtime_error("the SSD store is closed");
+}
+
+// ---------------------------------------------------------------------------
+// Allocator (meta_ held)
+// ---------------------------------------------------------------------------
+void SsdStore::take_run(Drive& dr, uint32_t want, std::vector<std::pair<uint32_t, uint32_t>>* runs,
+                        uint32_t* got) {
+  *got = 0;
+  while (want > 0 && dr.free_count > 0) {
+    // Next fit from the cursor: the drive is written as a log, front to back,
+    // then again from the front into the space freed since.
+    auto it = dr.free_runs.upper_bound(dr.cursor);
+    if (it != dr.free_runs.begin()) {
+      auto pv = std::prev(it);
+      if (pv->first + pv->second > dr.cursor) it = pv;
+    }
+    if (it == dr.free_runs.end()) it = dr.free_runs.begin();
+    uint32_t s = it->first, len = it->second;
+    uint32_t from = (dr.cursor > s && dr.cursor < s + len) ? dr.cursor : s;
+    uint32_t take = std::min(want, s + len - from);
+    dr.free_runs.erase(it);
+    if (from > s) dr.free_runs[s] = from - s;
+    if (from + take < s + len) dr.free_runs[from + take] = s + len - (from + take);
+    if (!runs->empty() && runs->back().first + runs->back().second == from)
+      runs->back().second += take;
+    else
+      runs->emplace_back(from, take);
+    std::memset(&dr.allocated[from], 1, take);
+    dr.free_count -= take;
+    want -= take;
+    *got += take;
+    dr.cursor = from + take;
+    if (dr.cursor >= dr.n_slots) dr.cursor = 0;
+  }
+}
+
+void SsdStore::give_back(Drive& dr, uint32_t start, uint32_t len) {
+  if (len == 0) return;
+  std::memset(&dr.allocated[start], 0, len);
+  dr.free_count += len;
+  auto next = dr.free_runs.lower_bound(start);
+  if (next != dr.free_runs.end() && next->first == start + len) {
+    len += next->second;
+    next = dr.free_runs.erase(next);
+  }
+  if (next != dr.free_runs.begin()) {
+    auto pv = std::prev(next);
+    if (pv->first + pv->second == start) {
+      pv->second += len;
+      return;
+    }
+  }
+  dr.free_runs[start] = len;
+}
+
+uint64_t SsdStore::free_slots() {
+  std::lock_guard<std::mutex> g(meta_);
+  uint64_t n = 0;
+  for (auto& d : drives_)
+    if (!d->failed) n += d->free_count;
+  return n;
+}
+
+// ---------------------------------------------------------------------------
+// Write
+// ---------------------------------------------------------------------------
+void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t* handles) {
+  std::shared_lock<std::shared_mutex> life(life_);
+  check_open();
+  for (size_t i = 0; i < k; ++i) handles[i] = -1;
+  if (k == 0) return;
+  for (auto& d : drives_)
+    if (!d->failed && d->fd >= 0) path_ok(*d);
+
+  struct Run {
+    uint32_t drive, start, len;
+    size_t first;     // index of the run's first block in the batch
+    uint64_t seq0;    // sequence number of that block
+  };
+  std::vector<Run> runs;
+  size_t placed = 0;
+  {
+    std::lock_guard<std::mutex> g(meta_);
+    std::vector<uint32_t> healthy;
+    for (uint32_t d = 0; d < drives_.size(); ++d)
+      if (!drives_[d]->failed && drives_[d]->free_count > 0) healthy.push_back(d);
+    if (!healthy.empty()) {
+      // Stripe the batch over the healthy drives in contiguous chunks (one
+      // sequential stream per drive), starting from a rotating drive; what a
+      // full drive cannot take goes to the next.
+      size_t nd = healthy.size();
+      size_t chunk = (k + nd - 1) / nd;
+      size_t start = rr_++ % nd;
+      std::vector<std::pair<uint32_t, uint32_t>> got_runs;
+      for (int pass = 0; pass < 2 && placed < k; ++pass) {
+        for (size_t j = 0; j < nd && placed < k; ++j) {
+          uint32_t d = healthy[(start + j) % nd];
+          Drive& dr = *drives_[d];
+          size_t want = pass == 0 ? std::min(chunk, k - placed) : k - placed;
+          got_runs.clear();
+          uint32_t got = 0;
+          take_run(dr, static_cast<uint32_t>(want), &got_runs, &got);
+          for (auto& [s, len] : got_runs) {
+            // split into write units
+            for (uint32_t o = 0; o < len; o += static_cast<uint32_t>(unit_slots_)) {
+              uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(unit_slots_), len - o);
+              runs.push_back(Run{d, s + o, n, placed, 0});
+              placed += n;
+            }
+          }
+        }
+      }
+    }
+    uint64_t seq0 = seq_.fetch_add(placed);
+    for (auto& r : runs) r.seq0 = seq0 + r.first;
+  }
+  if (placed < k) no_space_ += k - placed;
+  // `runs` index blocks by placement order; placement order == batch order.
+
+  std::vector<std::function<void()>> tasks;
+  tasks.reserve(runs.size());
+  for (const Run& r : runs) {
+    tasks.push_back([this, r, keys, data, handles] {
+      Drive& dr = *drives_[r.drive];
+      size_t bytes = static_cast<size_t>(r.len) * slot_bytes_;
+      size_t done = 0;
+      int e = 0;
+      try {
+        uint8_t* buf = tl_buf.get(bytes);
+        for (uint32_t j = 0; j < r.len; ++j) {
+          uint8_t* s = buf + j * slot_bytes_;
+          size_t i = r.first + j;
+          uint32_t slot = r.start + j;
+          std::memcpy(s, kSlotMagic, 8);
+          put32(s + 8, kFormatVersion);
+          put32(s + 12, static_cast<uint32_t>(block_bytes_));
+          std::memcpy(s + 16, keys + i * kKeyBytes, kKeyBytes);
+          put64(s + 48, r.seq0 + j);
+          std::memcpy(s + kHeaderBytes, data + i * block_bytes_, block_bytes_);
+          std::memset(s + kHeaderBytes + block_bytes_, 0, slot_bytes_ - kHeaderBytes - block_bytes_);
+          put32(s + 56, crc32c(0, s + kHeaderBytes, block_bytes_));
+          uint8_t loc[4];
+          put32(loc, slot);
+          put32(s + 60, crc32c(crc32c(0, s, 60), loc, 4));
+        }
+        ssize_t w = do_pwrite(dr, buf, bytes, kDataOffset + static_cast<uint64_t>(r.start) * slot_bytes_);
+        if (w < 0) e = errno;
+        else {
+          done = static_cast<size_t>(w);
+          if (done < bytes) e = errno ? errno : EIO;
+        }
+      } catch (const std::bad_alloc&) {
+        e = ENOMEM;
+      }
+      uint32_t complete = static_cast<uint32_t>(done / slot_bytes_);
+      for (uint32_t j = 0; j < complete; ++j) handles[r.first + j] = static_cast<int64_t>(dr.base + r.start + j);
+      dr.blocks_written += complete;
+      dr.payload_written += complete * block_bytes_;
+      if (complete < r.len) {
+        dr.write_errors += r.len - complete;
+        if (e != ENOMEM)
+          mark_failed(dr, e, "write of " + std::to_string(bytes) + " bytes at slot " + std::to_string(r.start) +
+                                 " of " + dr.path + " failed: " + errstr(e));
+        std::lock_guard<std::mutex> g(meta_);
+        give_back(dr, r.start + complete, r.len - complete);
+      }
+    });
+  }
+  run_tasks(tasks);
+
+  if (opt_.durable) {
+    std::vector<char> touched(drives_.size(), 0);
+    for (const Run& r : runs) touched[r.drive] = 1;
+    for (size_t d = 0; d < drives_.size(); ++d) {
+      if (!touched[d]) continue;
+      Drive& dr = *drives_[d];
+      if (::fdatasync(dr.fd) == 0) continue;
+      int e = errno;
+      mark_failed(dr, e, "fdatasync of " + dr.path + " failed: " + errstr(e));
+      std::lock_guard<std::mutex> g(meta_);
+      for (const Run& r : runs) {
+        if (r.drive != d) continue;
+        for (uint32_t j = 0; j < r.len; ++j) {
+          if (handles[r.first + j] >= 0) {
+            handles[r.first + j] = -1;
+            dr.write_errors++;
+            give_back(dr, r.start + j, 1);
+          }
+        }
+      }
+    }
+  }
+}
+
+void SsdStore::sync() {
+  std::shared_lock<std::shared_mutex> life(life_);
+  check_open();
+  for (auto& d : drives_) {
+    if (d->fd < 0 || d->failed) continue;
+    if (::fdatasync(d->fd) != 0) {
+      int e = errno;
+      mark_failed(*d, e, "fdatasync of " + d->path + " failed: " + errstr(e));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Read
+// ---------------------------------------------------------------------------
+void SsdStore::read(size_t k, const int64_t* handles, const uint8_t* keys, uint8_t* out, uint8_t* ok) {
+  std::shared_lock<std::shared_mutex> life(life_);
+  check_open();
+  struct Req {
+    uint32_t drive, slot;
+    size_t i;
+  };
+  std::vector<Req> reqs;
+  reqs.reserve(k);
+  for (size_t i = 0; i < k; ++i) {
+    ok[i] = 0;
+    int64_t h = handles[i];
+    if (h < 0 || static_cast<uint64_t>(h) >= total_slots_) {
+      bad_handles_++;
+      std::memset(out + i * block_bytes_, 0, block_bytes_);
+      continue;
+    }
+    uint32_t d = 0;
+    while (d + 1 < drives_.size() && drives_[d + 1]->base <= static_cast<uint64_t>(h)) ++d;
+    if (drives_[d]->fd < 0) {
+      drives_[d]->read_errors++;
+      std::memset(out + i * block_bytes_, 0, block_bytes_);
+      continue;
+    }
+    reqs.push_back(Req{d, static_cast<uint32_t>(h - drives_[d]->base), i});
+  }
+  std::sort(reqs.begin(), reqs.end(), [](const Req& a, const Req& b) {
+    return a.drive != b.drive ? a.drive < b.drive : (a.slot != b.slot ? a.slot < b.slot : a.i < b.i);
+  });
+  std::vector<std::function<void()>> tasks;
+  size_t a = 0;
+  while (a < reqs.size()) {
+    size_t b = a + 1;
+    while (b < reqs.size() && b - a < unit_slots_ && reqs[b].drive == reqs[a].drive &&
+           reqs[b].slot == reqs[b - 1].slot + 1)
+      ++b;
+    tasks.push_back([this, &reqs, a, b, keys, out, ok] {
+      Drive& dr = *drives_[reqs[a].drive];
+      size_t n = b - a;
+      size_t bytes = n * slot_bytes_;
+      size_t done = 0;
+      uint8_t* buf = nullptr;
+      try {
+        buf = tl_buf.get(bytes);
+        ssize_t r = do_pread(dr, buf, bytes, kDataOffset + static_cast<uint64_t>(reqs[a].slot) * slot_bytes_);
+        if (r > 0) done = static_cast<size_t>(r);
+        if (done < bytes) {
+          int e = errno;
+          std::lock_guard<std::mutex> g(dr.err_m);
+          dr.last_errno = e;
+          dr.last_error = "read of " + std::to_string(bytes) + " bytes at slot " + std::to_string(reqs[a].slot) +
+                          " of " + dr.path + " failed: " + errstr(e);
+        }
+      } catch (const std::bad_alloc&) {
+        done = 0;
+      }
+      for (size_t j = 0; j < n; ++j) {
+        const Req& q = reqs[a + j];
+        uint8_t* dst = out + q.i * block_bytes_;
+        if ((j + 1) * slot_bytes_ > done) {
+          dr.read_errors++;
+          std::memset(dst, 0, block_bytes_);
+          continue;
+        }
+        const uint8_t* s = buf + j * slot_bytes_;
+        Verdict v = verify_slot(s, q.slot, block_bytes_, true, keys + q.i * kKeyBytes);
+        if (v == Verdict::kOk) {
+          std::memcpy(dst, s + kHeaderBytes, block_bytes_);
+          ok[q.i] = 1;
+          dr.blocks_read++;
+          dr.payload_read += block_bytes_;
+        } else {
+          if (v == Verdict::kKeyMismatch) dr.key_mismatches++;
+          else dr.checksum_failures++;
+          std::memset(dst, 0, block_bytes_);
+        }
+      }
+    });
+    a = b;
+  }
+  run_tasks(tasks);
+}
+
+size_t SsdStore::free(size_t k, const int64_t* handles) {
+  std::shared_lock<std::shared_mutex> life(life_);
+  check_open();
+  std::lock_guard<std::mutex> g(meta_);
+  size_t n = 0;
+  for (size_t i = 0; i < k; ++i) {
+    int64_t h = handles[i];
+    if (h < 0 || static_cast<uint64_t>(h) >= total_slots_) {
+      bad_frees_++;
+      continue;
+    }
+    uint32_t d = 0;
+    while (d + 1 < drives_.size() && drives_[d + 1]->base <= static_cast<uint64_t>(h)) ++d;
+    Drive& dr = *drives_[d];
+    uint32_t slot = static_cast<uint32_t>(h - dr.base);
+    if (dr.fd < 0 || !dr.allocated[slot]) {
+      bad_frees_++;
+      continue;
+    }
+    give_back(dr, slot, 1);
+    ++n;
+  }
+  return n;
+}
+
+Recovered SsdStore::take_recovered() {
+  Recovered r = std::move(recovered_);
+  recovered_ = Recovered{};
+  return r;
+}
+
+std::vector<DriveStats> SsdStore::stats() {
+  std::vector<DriveStats> v;
+  std::lock_guard<std::mutex> g(meta_);
+  for (auto& dp : drives_) {
+    Drive& d = *dp;
+    DriveStats s;
+    s.path = d.dir;
+    s.n_slots = d.n_slots;
+    s.free_slots = d.free_count;
+    s.base = d.base;
+    s.bytes_written = d.bytes_written;
+    s.bytes_read = d.bytes_read;
+    s.payload_bytes_written = d.payload_written;
+    s.payload_bytes_read = d.payload_read;
+    s.blocks_written = d.blocks_written;
+    s.blocks_read = d.blocks_read;
+    s.write_errors = d.write_errors;
+    s.read_errors = d.read_errors;
+    s.checksum_failures = d.checksum_failures;
+    s.key_mismatches = d.key_mismatches;
+    s.injected_failures = d.injected;
+    s.recovered_blocks = d.recovered;
+    s.recovery_invalid_slots = d.invalid_slots;
+    s.failed = d.failed;
+    std::lock_guard<std::mutex> ge(d.err_m);
+    s.last_errno = d.last_errno;
+    s.last_error = d.last_error;
+    v.push_back(std::move(s));
+  }
+  return v;
+}
+
+void SsdStore::close() {
+  std::unique_lock<std::shared_mutex> life(life_);
+  if (closed_) return;
+  closed_ = true;
+  pool_.reset();
+  for (auto& d : drives_) {
+    if (d->fd >= 0) {
+      if (opt_.durable && !d->failed) ::fdatasync(d->fd);
+      ::close(d->fd);
+      d->fd = -1;
+    }
+  }
+}
+
+}  // namespace saria_store

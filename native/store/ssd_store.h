@@ -1,0 +1,267 @@
+// SSD tier engine of saria (module saria._store).
+//
+// A store is one or more drives. Each drive is a directory holding one
+// pre-allocated data file, `saria-ssd.data`, opened with O_DIRECT. Blocks are
+// fixed-size (block_bytes, chosen when the store is created) and live in
+// fixed-size slots; the store owns the free space, the caller (the radix
+// index) owns the policy: it decides what to write and what to free.
+//
+// ---------------------------------------------------------------------------
+// SSD on-disk format (version 1). All integers are little endian.
+// ---------------------------------------------------------------------------
+//
+// File `<drive dir>/saria-ssd.data`, size = 4096 + n_slots * slot_bytes:
+//
+//   [0, 4096)            superblock
+//   [4096 + i*slot_bytes, 4096 + (i+1)*slot_bytes)   slot i, i in [0, n_slots)
+//
+// Superblock (the first 80 bytes of a 4096-byte page, the rest zero):
+//   0   u64  magic "SARIASUP" (bytes 'S','A','R','I','A','S','U','P')
+//   8   u32  format version (1)
+//   12  u32  slot header bytes (64)
+//   16  u64  block_bytes (payload bytes of every block)
+//   24  u64  slot_bytes = round_up(64 + block_bytes, 4096)
+//   32  u64  n_slots
+//   40  u64  data offset (4096)
+//   48  u64  creation time, ns since the Unix epoch
+//   56  u8[16] random store id (informational)
+//   72  u32  drive index given at creation (informational)
+//   76  u32  crc32c of bytes [0, 76)
+//
+// A new file is built as `saria-ssd.data.tmp` (fallocate to full size, write
+// and fdatasync the superblock), then renamed into place and the directory
+// fsynced, so a crash during creation never leaves a half-made data file. On
+// open the superblock must verify and match block_bytes and n_slots.
+//
+// Slot = a 64-byte header, the payload, zero padding up to slot_bytes:
+//   0   u64  magic "SARIASLT"
+//   8   u32  format version (1)
+//   12  u32  payload length (== block_bytes)
+//   16  u8[32] block key
+//   48  u64  write sequence number (monotone per store; on open it resumes
+//            from 1 + the largest sequence number found on any drive)
+//   56  u32  crc32c of the payload (payload_len bytes)
+//   60  u32  crc32c of header bytes [0, 60) followed by the slot's local
+//            index as a u32 (so a record read at the wrong place fails)
+// A slot holds a valid record iff magic, version, payload length, header crc
+// and payload crc all verify. Never-written space reads back as zeros (no
+// magic); a torn or partial write leaves a header or payload whose crc fails.
+//
+// Handles: global slot handle = drive_base[d] + local slot, where drive_base
+// is the running sum of n_slots over the drives in the order given at open.
+// Handles fit a uint32 (the total slot count is checked at open).
+//
+// Durability. write() returns a handle only after the O_DIRECT pwrite of its
+// slot completed in full: the record is then in the device and survives the
+// death of the process (kill -9). With durable=true each write() call also
+// fdatasyncs the drives it wrote before returning, which makes it survive a
+// power loss on drives with a volatile write cache.
+//
+// Recovery. Opening an existing store scans every slot (large sequential
+// O_DIRECT reads; scan=full verifies header and payload crc, scan=header only
+// the header crc, leaving torn payloads to be caught, as every corruption is,
+// by the crc check on read). Recovery returns every valid record, one per
+// key: when several valid records carry the same key, the newest sequence
+// number wins and the others are freed. A slot the caller freed is not
+// overwritten, so until it is reused its old record (correct bytes for its
+// key) may come back after a restart; the caller may simply free it again.
+//
+// Reads. read() verifies header, payload crc and that the stored key equals
+// the key the caller expects before copying a payload out. On any failure
+// (I/O error, crc mismatch, wrong key, bad handle) the block's ok flag is
+// false, a counter is bumped, and its output row is zero-filled: unverified
+// bytes are never returned.
+//
+// Failures. A write that fails (EIO, ENOSPC, EFBIG, a short write, a data
+// file that is no longer at its path) marks the drive failed: no new slots
+// are allocated on it (until revive()), its failing blocks get handle -1,
+// the batch's other blocks go on, other drives keep working. Reads from a
+// failed drive are still attempted (every byte served is verified). Read
+// errors are counted and leave the drive's state alone. Counters, the
+// failed flag and the last error (errno and message) are in stats().
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+namespace saria_store {
+
+constexpr uint32_t kFormatVersion = 1;
+constexpr uint64_t kAlign = 4096;
+constexpr uint64_t kHeaderBytes = 64;
+constexpr uint64_t kDataOffset = 4096;
+constexpr size_t kKeyBytes = 32;
+constexpr const char* kDataFileName = "saria-ssd.data";
+
+uint32_t crc32c(uint32_t crc, const void* data, size_t n);
+bool crc32c_hw();
+uint32_t crc32c_portable(uint32_t crc, const void* data, size_t n);  // table version, for tests
+
+// An OS-level failure while opening a store: carries errno.
+struct OsFailure : std::runtime_error {
+  int err;
+  OsFailure(int e, const std::string& msg) : std::runtime_error(msg), err(e) {}
+};
+
+struct StoreOptions {
+  std::vector<std::string> dirs;
+  std::vector<uint64_t> capacity_bytes;  // per drive
+  uint64_t block_bytes = 0;
+  int threads = 0;                       // 0: 4 per drive
+  uint64_t unit_bytes = 4ull << 20;      // largest single pwrite/pread
+  bool durable = false;
+  bool preallocate = true;               // fallocate the file (else sparse)
+  bool direct = true;                    // O_DIRECT
+  bool full_scan = true;                 // verify payload crcs on open
+  bool allow_degraded = false;           // a drive failing at open is marked failed
+};
+
+struct DriveStats {
+  std::string path;
+  uint64_t n_slots = 0, free_slots = 0, base = 0;
+  uint64_t bytes_written = 0, bytes_read = 0;
+  uint64_t payload_bytes_written = 0, payload_bytes_read = 0;
+  uint64_t blocks_written = 0, blocks_read = 0;
+  uint64_t write_errors = 0, read_errors = 0;
+  uint64_t checksum_failures = 0, key_mismatches = 0;
+  uint64_t injected_failures = 0;
+  uint64_t recovered_blocks = 0, recovery_invalid_slots = 0;
+  bool failed = false;
+  int last_errno = 0;
+  std::string last_error;
+};
+
+struct Recovered {
+  std::vector<uint8_t> keys;     // n * 32
+  std::vector<int64_t> handles;
+  std::vector<uint64_t> seqs;
+};
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n);
+  ~ThreadPool();
+  void submit(std::function<void()> f);
+  bool try_run_one();  // run one queued task in the caller; false if none
+
+ private:
+  void loop();
+  std::vector<std::thread> workers_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> q_;
+  bool stop_ = false;
+};
+
+struct Injection {
+  int err = 0;
+  int64_t count = 0;
+  int64_t skip = 0;
+};
+
+struct Drive {
+  std::string dir, path;
+  int fd = -1;
+  uint64_t n_slots = 0, base = 0;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  bool created = false;                    // made by this open: nothing to scan
+  // allocator (guarded by Store::meta_)
+  std::map<uint32_t, uint32_t> free_runs;  // start -> length, coalesced
+  uint64_t free_count = 0;
+  uint32_t cursor = 0;                     // next-fit position (log order)
+  std::vector<uint8_t> allocated;          // 1 per slot
+  // health and counters
+  std::atomic<bool> failed{false};
+  std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
+  std::atomic<uint64_t> payload_written{0}, payload_read{0};
+  std::atomic<uint64_t> blocks_written{0}, blocks_read{0};
+  std::atomic<uint64_t> write_errors{0}, read_errors{0};
+  std::atomic<uint64_t> checksum_failures{0}, key_mismatches{0};
+  std::atomic<uint64_t> injected{0};
+  uint64_t recovered = 0, invalid_slots = 0;
+  std::mutex err_m;
+  int last_errno = 0;
+  std::string last_error;
+  std::mutex inj_m;
+  std::atomic<bool> has_injection{false};
+  Injection inj_write, inj_read;
+};
+
+class SsdStore {
+ public:
+  explicit SsdStore(const StoreOptions& opt);
+  ~SsdStore();
+
+  // keys: k*32 bytes; data: k*block_bytes; handles out: k (-1 on failure).
+  void write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t* handles);
+  // ok out: k bytes (1/0); out: k*block_bytes.
+  void read(size_t k, const int64_t* handles, const uint8_t* keys, uint8_t* out, uint8_t* ok);
+  // Returns the number of slots actually freed (invalid or already free handles are counted
+  // in stats as bad_frees and skipped).
+  size_t free(size_t k, const int64_t* handles);
+  void inject_failure(int drive, bool write_op, int err, int64_t count, int64_t skip);
+  void revive(int drive);
+  void check_drives();
+  void sync();
+  void close();
+
+  Recovered take_recovered();
+  std::vector<DriveStats> stats();
+  uint64_t block_bytes() const { return block_bytes_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint64_t capacity_slots() const { return total_slots_; }
+  uint64_t free_slots();
+  uint64_t no_space() const { return no_space_.load(); }
+  uint64_t bad_handles() const { return bad_handles_.load(); }
+  uint64_t bad_frees() const { return bad_frees_.load(); }
+  uint64_t next_seq() const { return seq_.load(); }
+  size_t n_drives() const { return drives_.size(); }
+  bool closed() const { return closed_; }
+  int threads() const { return nthreads_; }
+
+ private:
+  void open_drive(size_t d, uint32_t index);
+  void create_file(Drive& dr, uint32_t index);
+  void scan_drive(size_t d, std::vector<std::tuple<uint64_t, uint32_t, std::array<uint8_t, 32>>>* out);
+  void mark_failed(Drive& dr, int err, const std::string& what);
+  bool path_ok(Drive& dr);
+  ssize_t do_pwrite(Drive& dr, const void* buf, size_t n, uint64_t off);
+  ssize_t do_pread(Drive& dr, void* buf, size_t n, uint64_t off);
+  bool injected(Drive& dr, bool write_op, int* err);
+  // allocator helpers (meta_ held)
+  void take_run(Drive& dr, uint32_t want, std::vector<std::pair<uint32_t, uint32_t>>* runs, uint32_t* got);
+  void give_back(Drive& dr, uint32_t start, uint32_t len);
+  void run_tasks(std::vector<std::function<void()>>& tasks);
+  void check_open() const;
+
+  StoreOptions opt_;
+  uint64_t block_bytes_ = 0, slot_bytes_ = 0, unit_slots_ = 1, total_slots_ = 0;
+  std::vector<std::unique_ptr<Drive>> drives_;
+  std::unique_ptr<ThreadPool> pool_;
+  int nthreads_ = 0;
+  std::mutex meta_;
+  std::shared_mutex life_;
+  size_t rr_ = 0;
+  std::atomic<uint64_t> seq_{1};
+  std::atomic<uint64_t> no_space_{0}, bad_handles_{0}, bad_frees_{0};
+  bool closed_ = false;
+  Recovered recovered_;
+};
+
+}  // namespace saria_store
