@@ -845,6 +845,16 @@ uint64_t SsdStore::free_slots() {
 // ---------------------------------------------------------------------------
 // Write
 // ---------------------------------------------------------------------------
+// Slots per I/O for a call of k blocks: at most unit_bytes, and small enough
+// that every worker (the pool and the calling thread) gets a share -- a batch
+// cut into a few big units leaves workers idle while the last unit runs
+// alone (measured: 1 MiB units beat 4 MiB ones by ~40% for 16 x 1 MiB).
+uint64_t SsdStore::balanced_unit(size_t k) const {
+  uint64_t workers = static_cast<uint64_t>(nthreads_) + 1;
+  uint64_t per = (k + workers - 1) / workers;
+  return std::max<uint64_t>(1, std::min<uint64_t>(unit_slots_, per));
+}
+
 void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t* handles) {
   std::shared_lock<std::shared_mutex> life(life_);
   check_open();
@@ -860,6 +870,7 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
   };
   std::vector<Run> runs;
   size_t placed = 0;
+  const uint64_t unit = balanced_unit(k);
   {
     std::lock_guard<std::mutex> g(meta_);
     std::vector<uint32_t> healthy;
@@ -883,8 +894,8 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
           take_run(dr, static_cast<uint32_t>(want), &got_runs, &got);
           for (auto& [s, len] : got_runs) {
             // split into write units
-            for (uint32_t o = 0; o < len; o += static_cast<uint32_t>(unit_slots_)) {
-              uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(unit_slots_), len - o);
+            for (uint32_t o = 0; o < len; o += static_cast<uint32_t>(unit)) {
+              uint32_t n = std::min<uint32_t>(static_cast<uint32_t>(unit), len - o);
               runs.push_back(Run{d, s + o, n, placed, 0});
               placed += n;
             }
@@ -1018,10 +1029,11 @@ void SsdStore::read(size_t k, const int64_t* handles, const uint8_t* keys, uint8
     return a.drive != b.drive ? a.drive < b.drive : (a.slot != b.slot ? a.slot < b.slot : a.i < b.i);
   });
   std::vector<std::function<void()>> tasks;
+  const uint64_t unit = balanced_unit(reqs.size());
   size_t a = 0;
   while (a < reqs.size()) {
     size_t b = a + 1;
-    while (b < reqs.size() && b - a < unit_slots_ && reqs[b].drive == reqs[a].drive &&
+    while (b < reqs.size() && b - a < unit && reqs[b].drive == reqs[a].drive &&
            reqs[b].slot == reqs[b - 1].slot + 1)
       ++b;
     tasks.push_back([this, &reqs, a, b, keys, out, ok] {

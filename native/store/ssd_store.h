@@ -243,6 +243,7 @@ class SsdStore {
   bool path_ok(Drive& dr);
   ssize_t do_pwrite(Drive& dr, const void* buf, size_t n, uint64_t off);
   ssize_t do_pread(Drive& dr, void* buf, size_t n, uint64_t off);
+  uint64_t balanced_unit(size_t k) const;
   bool injected(Drive& dr, bool write_op, int* err);
   // allocator helpers (meta_ held)
   void take_run(Drive& dr, uint32_t want, std::vector<std::pair<uint32_t, uint32_t>>* runs, uint32_t* got);

@@ -247,8 +247,17 @@ class SariaSsdRunner:
         self.device_bytes_written: int | None = None
 
     def _open(self, repeat: int) -> None:
+        """One store for every repeat, like fio's one file: the first repeat
+        writes fresh (fallocated) space, later ones overwrite freed slots --
+        the steady state of a long-lived cache, and what fio's later repeats
+        do to its file."""
+        if self.store is not None:
+            if self.store_handles is not None:
+                self.store.free(self.store_handles)
+                self.store_handles = None
+            return
         cfg = self.cfg
-        d = cfg.dir / f"saria-bench-ssd-{repeat}"
+        d = cfg.dir / "saria-bench-ssd"
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
         # Each block takes one slot (a 64-byte header + the payload, rounded up to 4 KiB) after
@@ -296,7 +305,6 @@ class SariaSsdRunner:
             if not np.array_equal(self.slots[0, 8:], self.pattern[8:]):
                 bad += 1
         dt = time.perf_counter() - t0
-        self._close()
         if bad:
             raise BenchIoError(f"SsdStore.read returned {bad} failed or wrong blocks")
         return _gbps(cfg.size, dt)
