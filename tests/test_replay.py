@@ -196,3 +196,25 @@ def test_malformed_trace_line_is_named(tmp_path):
                    '{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [1,\n')
     r = subprocess.run([SARIA_CLI, "replay", str(bad)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and f"{bad}:2" in r.stderr
+
+
+def test_unread_ssd_writes_and_dram_share(weka):
+    # Unlimited DRAM: full duplicate writes every block and never reads one back.
+    rep = run_policy(weka, make_setup("full-duplicate", PRESET, dram_bytes=float("inf")), ARRIVALS)
+    assert rep["ssd_writes_never_read_fraction"] == 1.0 and rep["dram_hit_bytes_share"] == 1.0
+    block_bytes = 64 * PRESET.model.kv_bytes_per_token
+    assert rep["ssd_blocks_written_distinct"] * block_bytes == rep["ssd_bytes_written"]
+    # Small DRAM: some writes are read back, and SSD serves part of the hits.
+    rep = run_policy(weka, make_setup("full-duplicate", PRESET, dram_bytes=16e9), ARRIVALS)
+    assert 0 < rep["ssd_writes_never_read_fraction"] < 1
+    assert 0 < rep["dram_hit_bytes_share"] < 1
+    assert rep["dram_hit_bytes_share"] == pytest.approx(
+        rep["dram_hit_ratio_tokens"] / (rep["dram_hit_ratio_tokens"] + rep["ssd_hit_ratio_tokens"]))
+
+
+def test_without_unified_history_eviction_gates_forget(weka):
+    """Per-tier metadata forgets a block's DRAM evictions once it leaves every
+    tier, so an eviction gate can never count past one residency."""
+    kept = run_policy(weka, make_setup("E2", PRESET, dram_bytes=16e9), ARRIVALS)
+    lost = run_policy(weka, make_setup("E2", PRESET, dram_bytes=16e9, keep_history=False), ARRIVALS)
+    assert kept["ssd_bytes_written"] > 0 and lost["ssd_bytes_written"] < kept["ssd_bytes_written"]

@@ -91,6 +91,9 @@ class ReplaySetup:
     dram_bytes: float | None = None   # None: the preset's
     ssd_bytes: float | None = None    # per drive; None: the preset's; 0: no SSD
     trace_block_size: int = 64
+    # False: no unified metadata -- a block's history is forgotten as soon as
+    # it leaves every tier (per-tier caches), the ablation's "base".
+    keep_history: bool = True
 
     @property
     def block_bytes(self) -> int:
@@ -127,7 +130,12 @@ class Replay:
         self.clock = VirtualClock()
         finite = [c for c in self.cap.values() if c < _UNLIMITED]
         budget = max(4_000_000, 4 * sum(finite)) if finite else 4_000_000
+        if not setup.keep_history:
+            budget = 1  # only resident blocks stay tracked (the budget is soft for them)
         self.index = RadixIndex(budget, hybrid=self.hybrid, clock=self.clock)
+        # SSD-written blocks, and those of them read back at least once.
+        self._ssd_written: set[bytes] = set()
+        self._ssd_read: set[bytes] = set()
         self.stats = ReplayStats(ssd_bytes_written=np.zeros(self.n_drives, np.int64),
                                  ssd_bytes_read=np.zeros(self.n_drives, np.int64))
         self.reloads = ReloadQueue(self.link, setup.coordinator)
@@ -209,6 +217,7 @@ class Replay:
         st.hit_tokens["SSD"] += n_ssd * self.bs
         if n_ssd:
             np.add.at(st.ssd_bytes_read, self._drive(keys[ssd_pos]), self.block_bytes)
+            self._ssd_read.update(map(bytes, keys[ssd_pos]))
         st.ttft.append(ttft)
         st.hit_blocks.append(hit)
         st.load_s += load
@@ -332,6 +341,7 @@ class Replay:
         if pos.size:
             self._add(keys, pos, SSD, full, 0)
             np.add.at(self.stats.ssd_bytes_written, self._drive(keys[pos]), self.block_bytes)
+            self._ssd_written.update(map(bytes, keys[pos]))
             if self.hybrid:
                 ck = self._ck[pos]
                 for p in pos[((ck & _BIT[DRAM]) != 0) & ((ck & _BIT[SSD]) == 0)]:
@@ -346,6 +356,7 @@ class Replay:
             self.index.add_existing(blocks, SSD, np.zeros(blocks.shape[0], np.uint32))
             self.used[SSD] += int(blocks.shape[0])
             np.add.at(self.stats.ssd_bytes_written, self._drive(blocks), self.block_bytes)
+            self._ssd_written.update(map(bytes, blocks))
 
     # ------------------------------------------------ hybrid checkpoints
 
@@ -389,6 +400,10 @@ class Replay:
         self.used[SSD] += self.ckpt_units
         self.stats.ssd_bytes_written[self._drive(key[None, :])[0]] += self.state_bytes
         return True
+
+    def ssd_writes_never_read(self) -> tuple[int, int]:
+        """(distinct blocks written to the SSD, of which never read back)."""
+        return len(self._ssd_written), len(self._ssd_written - self._ssd_read)
 
     def _drive(self, keys: np.ndarray) -> np.ndarray:
         """Drive of each block: its key folded to 64 bits, modulo the drives

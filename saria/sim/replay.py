@@ -40,7 +40,7 @@ SARIA_READ_PATH = ReadPath(lookup="unified", promotion="lazy", coordinator="pace
 
 def make_setup(policy: str, preset: Preset, *, read_path: ReadPath | None = None,
                dram_bytes: float | None = None, ssd_bytes: float | None = None,
-               trace_block_size: int = 64) -> ReplaySetup:
+               trace_block_size: int = 64, keep_history: bool = True) -> ReplaySetup:
     """The replay setup of one named policy (see the module docstring)."""
     rp = read_path or ReadPath()
     if policy == "saria":
@@ -51,7 +51,8 @@ def make_setup(policy: str, preset: Preset, *, read_path: ReadPath | None = None
                                ssd_bw=hw.ssd_total_read_Bps, min_victim_age_s=rp.min_victim_age_s)
     return ReplaySetup(preset=preset, admission=make_admission(policy), promotion=promotion,
                        coordinator=rp.coordinator, lookup=rp.lookup, dram_bytes=dram_bytes,
-                       ssd_bytes=ssd_bytes, trace_block_size=trace_block_size)
+                       ssd_bytes=ssd_bytes, trace_block_size=trace_block_size,
+                       keep_history=keep_history)
 
 
 def run_policy(trace: Trace, setup: ReplaySetup, arrivals: ArrivalModel, *,

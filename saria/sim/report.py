@@ -35,6 +35,7 @@ def policy_report(replay: Replay) -> dict:
         budget = end.budget_fraction
     else:
         lifetime, budget = float("inf"), 0.0
+    written_blocks, unread_blocks = replay.ssd_writes_never_read()
     return {
         "requests": st.requests,
         "input_tokens": st.input_tokens,
@@ -63,6 +64,9 @@ def policy_report(replay: Replay) -> dict:
         "prefill_s_total": st.prefill_s,
         "ssd_lifetime_days": None if lifetime == float("inf") else lifetime,
         "write_budget_fraction": budget,
+        "ssd_blocks_written_distinct": written_blocks,
+        "ssd_writes_never_read_fraction": unread_blocks / written_blocks if written_blocks else None,
+        "dram_hit_bytes_share": hits["DRAM"] / max(hits["DRAM"] + hits["SSD"], 1),
     }
 
 
