@@ -218,3 +218,15 @@ def test_without_unified_history_eviction_gates_forget(weka):
     kept = run_policy(weka, make_setup("E2", PRESET, dram_bytes=16e9), ARRIVALS)
     lost = run_policy(weka, make_setup("E2", PRESET, dram_bytes=16e9, keep_history=False), ARRIVALS)
     assert kept["ssd_bytes_written"] > 0 and lost["ssd_bytes_written"] < kept["ssd_bytes_written"]
+
+
+@pytest.mark.skipif(SARIA_CLI is None, reason="the saria entry point is not installed")
+def test_real_mode_disk_full_is_one_line(tmp_path):
+    """An SSD tier bigger than the disk fails at start-up with the OS's own
+    reason on one line, not a traceback."""
+    r = subprocess.run([SARIA_CLI, "replay", "--mode", "real", "--sessions", "1", "--policy",
+                        "full-duplicate", "--ssd", "5PB", "--ssd-dir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert "No space left on device" in r.stderr or "File too large" in r.stderr
+    assert "Traceback" not in r.stderr

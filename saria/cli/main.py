@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"saria: error: {exc.filename or exc}: no such file", file=sys.stderr)
         return 2
+    except OSError as exc:  # disk full, permissions, a vanished drive: one line, no traceback
+        print(f"saria: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("saria: interrupted", file=sys.stderr)
         return 130

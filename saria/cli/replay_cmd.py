@@ -75,7 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--real-block-bytes", default="64KiB", metavar="SIZE",
                    help="real mode: bytes per block (capacities scale with it; default 64KiB)")
     p.add_argument("--ssd-dir", type=Path, default=None, metavar="DIR",
-                   help="real mode: directory for the SSD store (default: a temporary one)")
+                   help="real mode: directory for the SSD store, one subdirectory per policy, "
+                   "kept afterwards (default: a temporary one, removed after each policy)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
     p.add_argument("--csv", type=Path, default=None, metavar="PATH", help="write one CSV row per policy")
     p.set_defaults(func=run)
@@ -167,7 +168,7 @@ def run_real_mode(args: argparse.Namespace, cfg: dict) -> int:
     if block_bytes < 1:
         raise ConfigError("--real-block-bytes", "must be at least 1 byte")
     # Real bytes: a smaller default slice than the simulation's.
-    path, sessions = _trace_and_sessions(args, default_sessions=8)
+    path, sessions = _trace_and_sessions(args, default_sessions=4)
     base = args.ssd_dir or Path(tempfile.mkdtemp(prefix="saria-real-"))
     err = Console(stderr=True)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -184,10 +185,15 @@ def run_real_mode(args: argparse.Namespace, cfg: dict) -> int:
                 bar.update(task, description=f"real replay {name}", completed=0,
                            total=trace.num_requests)
                 d = base / name.replace("+", "_")
-                results[name] = run_real(
-                    trace, name, cfg["preset"], arrivals, block_bytes=block_bytes, ssd_dir=d,
-                    dram_bytes=cfg["dram"], ssd_bytes=cfg["ssd"], max_context=args.max_context,
-                    progress=lambda n: bar.update(task, completed=n))
+                try:
+                    results[name] = run_real(
+                        trace, name, cfg["preset"], arrivals, block_bytes=block_bytes, ssd_dir=d,
+                        dram_bytes=cfg["dram"], ssd_bytes=cfg["ssd"],
+                        max_context=args.max_context,
+                        progress=lambda n: bar.update(task, completed=n))
+                finally:
+                    if args.ssd_dir is None:  # one policy's drive files at a time on disk
+                        shutil.rmtree(d, ignore_errors=True)
     finally:
         if args.ssd_dir is None:
             shutil.rmtree(base, ignore_errors=True)
