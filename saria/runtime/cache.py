@@ -181,8 +181,14 @@ class TieredCache:
             raise ValueError(f"out must have at least {n} rows of {self.cfg.block_bytes} bytes")
         if n == 0:
             return LoadResult(0, 0, 0, 0, np.zeros(0, np.int64))
-        head = keys[:n]
         with self._mu:
+            # The caller's plan may be stale: another thread can have evicted
+            # its blocks and reused their slots since lookup(). Re-plan and
+            # lock under one critical section, so the slots read below stay
+            # the blocks' own until unlock.
+            plan = self.index.match(keys[:n])
+            n = plan.num_blocks
+            head = keys[:n]
             self.index.lock(head)
         try:
             dram = np.flatnonzero(plan.tiers[:n] == Tier.DRAM)
