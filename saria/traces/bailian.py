@@ -39,8 +39,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import orjson
-
 from saria.errors import TraceFormatError
 from saria.traces.model import (
     FieldError,
@@ -51,6 +49,7 @@ from saria.traces.model import (
     expected_num_ids,
     get_field,
     hash_ids_field,
+    jsonl_records,
     time_field,
 )
 
@@ -83,78 +82,64 @@ def load_bailian(
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     p = Path(path)
-    total = p.stat().st_size
     partial = partial_last_block
     decided_at: int | None = None  # line that fixed ``partial`` when detecting
     # chat_id -> (line, session index, turn)
     chats: dict[int, tuple[int, int, int]] = {}
     sessions: list[TraceSession] = []
-    done = next_report = 0
-    with open(p, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            done += len(raw)
-            if not raw.strip():
-                continue
-            try:
-                rec = orjson.loads(raw)
-                chat = _int_field(rec, "chat_id", 0)
-                parent = _int_field(rec, "parent_chat_id", ROOT_PARENT)
-                turn = _int_field(rec, "turn", 0)
-                kind = get_field(rec, "type") if isinstance(rec, dict) and "type" in rec else "text"
-                if not isinstance(kind, str):
-                    raise FieldError(f"field 'type' must be a string, got {kind!r}")
-                n_in = count_field(rec, "input_length")
-                ids = hash_ids_field(rec, "hash_ids", None)
-                floor_n, ceil_n = n_in // block_size, expected_num_ids(n_in, block_size, True)
-                if len(ids) not in (floor_n, ceil_n):
-                    raise FieldError(
-                        f"field 'hash_ids' has {len(ids)} ids, expected {ceil_n} (ceil) or {floor_n} "
-                        f"(floor) for input_length {n_in} at {block_size} tokens per block"
-                    )
-                if floor_n != ceil_n:  # this record tells floor from ceil
-                    is_ceil = len(ids) == ceil_n
-                    if partial is None:
-                        partial, decided_at = is_ceil, lineno
-                    elif is_ceil != partial:
-                        why = f"line {decided_at}" if decided_at is not None else "partial_last_block"
-                        want = "ceil" if partial else "floor"
-                        raise FieldError(
-                            f"field 'hash_ids' has {len(ids)} ids ({'ceil' if is_ceil else 'floor'}), "
-                            f"but {why} selected {want} ({ceil_n if partial else floor_n} ids)"
-                        )
-                if chat in chats:
-                    raise FieldError(f"chat_id {chat} already used on line {chats[chat][0]}")
-                if parent == ROOT_PARENT or (parent not in chats and not strict_parents):
-                    sess = len(sessions)
-                    sessions.append(TraceSession(name=f"chat_{chat}", namespace=NAMESPACE))
-                elif parent not in chats:
-                    raise FieldError(f"unknown parent_chat_id {parent} (no earlier line has that chat_id)")
-                else:
-                    p_line, sess, p_turn = chats[parent]
-                    if check_turns and turn <= p_turn:
-                        raise FieldError(
-                            f"turn {turn} is not after its parent's turn {p_turn} (chat {parent}, line {p_line})"
-                        )
-                req = TraceRequest(
-                    namespace=NAMESPACE,
-                    session=sessions[sess].name,
-                    time=time_field(rec, "timestamp"),
-                    input_tokens=n_in,
-                    output_tokens=count_field(rec, "output_length"),
-                    hash_ids=ids,
-                    line=lineno,
+    for lineno, rec in jsonl_records(p, progress):
+        try:
+            chat = _int_field(rec, "chat_id", 0)
+            parent = _int_field(rec, "parent_chat_id", ROOT_PARENT)
+            turn = _int_field(rec, "turn", 0)
+            kind = get_field(rec, "type") if isinstance(rec, dict) and "type" in rec else "text"
+            if not isinstance(kind, str):
+                raise FieldError(f"field 'type' must be a string, got {kind!r}")
+            n_in = count_field(rec, "input_length")
+            ids = hash_ids_field(rec, "hash_ids", None)
+            floor_n, ceil_n = n_in // block_size, expected_num_ids(n_in, block_size, True)
+            if len(ids) not in (floor_n, ceil_n):
+                raise FieldError(
+                    f"field 'hash_ids' has {len(ids)} ids, expected {ceil_n} (ceil) or {floor_n} "
+                    f"(floor) for input_length {n_in} at {block_size} tokens per block"
                 )
-            except orjson.JSONDecodeError as exc:
-                raise TraceFormatError(p, lineno, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-            except FieldError as exc:
-                raise TraceFormatError(p, lineno, str(exc)) from None
-            chats[chat] = (lineno, sess, turn)
-            sessions[sess].requests.append(req)
-            if progress and done >= next_report:
-                progress(done, total)
-                next_report = done + (1 << 20)
-    if progress:
-        progress(total, total)
+            if floor_n != ceil_n:  # this record tells floor from ceil
+                is_ceil = len(ids) == ceil_n
+                if partial is None:
+                    partial, decided_at = is_ceil, lineno
+                elif is_ceil != partial:
+                    why = f"line {decided_at}" if decided_at is not None else "partial_last_block"
+                    want = "ceil" if partial else "floor"
+                    raise FieldError(
+                        f"field 'hash_ids' has {len(ids)} ids ({'ceil' if is_ceil else 'floor'}), "
+                        f"but {why} selected {want} ({ceil_n if partial else floor_n} ids)"
+                    )
+            if chat in chats:
+                raise FieldError(f"chat_id {chat} already used on line {chats[chat][0]}")
+            if parent == ROOT_PARENT or (parent not in chats and not strict_parents):
+                sess = len(sessions)
+                sessions.append(TraceSession(name=f"chat_{chat}", namespace=NAMESPACE))
+            elif parent not in chats:
+                raise FieldError(f"unknown parent_chat_id {parent} (no earlier line has that chat_id)")
+            else:
+                p_line, sess, p_turn = chats[parent]
+                if check_turns and turn <= p_turn:
+                    raise FieldError(
+                        f"turn {turn} is not after its parent's turn {p_turn} (chat {parent}, line {p_line})"
+                    )
+            req = TraceRequest(
+                namespace=NAMESPACE,
+                session=sessions[sess].name,
+                time=time_field(rec, "timestamp"),
+                input_tokens=n_in,
+                output_tokens=count_field(rec, "output_length"),
+                hash_ids=ids,
+                line=lineno,
+            )
+        except FieldError as exc:
+            raise TraceFormatError(p, lineno, str(exc)) from None
+        chats[chat] = (lineno, sess, turn)
+        sessions[sess].requests.append(req)
     for s in sessions:
         s.requests.sort(key=lambda r: r.time)  # stable: equal times keep file order
     sessions.sort(key=lambda s: s.requests[0].time)  # stable; every session has >= 1 request

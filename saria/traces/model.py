@@ -22,10 +22,14 @@ Invariants (the loaders establish them, everything downstream may rely on them):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+import orjson
+
+from saria.errors import TraceFormatError
 
 #: Ids that fit this bound are stored as uint32 (half the memory of uint64).
 UINT32_LIMIT = 1 << 32
@@ -138,6 +142,33 @@ def expected_num_ids(input_tokens: int, block_size: int, partial_last_block: boo
 # --- field validation shared by the loaders -------------------------------------------
 # Loaders call these on each parsed record and turn a FieldError into a
 # saria.errors.TraceFormatError that names the file and line (or member and request).
+
+
+def jsonl_records(path: Path, progress: Callable[[int, int], None] | None = None
+                  ) -> Iterator[tuple[int, object]]:
+    """(1-based line, decoded record) for each non-blank line of a JSONL file.
+
+    A line that is not JSON raises ``TraceFormatError`` naming file and line;
+    ``progress(done_bytes, total_bytes)`` is called about every MiB and once at
+    the end, so a loader shows progress without its own byte bookkeeping.
+    """
+    total = path.stat().st_size
+    done = next_report = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            done += len(raw)
+            if progress and done >= next_report:
+                progress(done, total)
+                next_report = done + (1 << 20)
+            if not raw.strip():
+                continue
+            try:
+                rec = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise TraceFormatError(path, lineno, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+            yield lineno, rec
+    if progress:
+        progress(total, total)
 
 
 class FieldError(ValueError):

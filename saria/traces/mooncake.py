@@ -16,8 +16,6 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import orjson
-
 from saria.errors import TraceFormatError
 from saria.traces.model import (
     FieldError,
@@ -27,6 +25,7 @@ from saria.traces.model import (
     count_field,
     expected_num_ids,
     hash_ids_field,
+    jsonl_records,
     time_field,
 )
 
@@ -46,37 +45,23 @@ def load_mooncake(
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     p = Path(path)
-    total = p.stat().st_size
     name = p.stem
     requests: list[TraceRequest] = []
-    done = next_report = 0
-    with open(p, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            done += len(raw)
-            if not raw.strip():
-                continue
-            try:
-                rec = orjson.loads(raw)
-                n_in = count_field(rec, "input_length")
-                req = TraceRequest(
-                    namespace=NAMESPACE,
-                    session=name,
-                    time=time_field(rec, "timestamp", scale=1e-3),  # ms -> s
-                    input_tokens=n_in,
-                    output_tokens=count_field(rec, "output_length"),
-                    hash_ids=hash_ids_field(rec, "hash_ids", expected_num_ids(n_in, block_size, True)),
-                    line=lineno,
-                )
-            except orjson.JSONDecodeError as exc:
-                raise TraceFormatError(p, lineno, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
-            except FieldError as exc:
-                raise TraceFormatError(p, lineno, str(exc)) from None
-            requests.append(req)
-            if progress and done >= next_report:
-                progress(done, total)
-                next_report = done + (1 << 20)
-    if progress:
-        progress(total, total)
+    for lineno, rec in jsonl_records(p, progress):
+        try:
+            n_in = count_field(rec, "input_length")
+            req = TraceRequest(
+                namespace=NAMESPACE,
+                session=name,
+                time=time_field(rec, "timestamp", scale=1e-3),  # ms -> s
+                input_tokens=n_in,
+                output_tokens=count_field(rec, "output_length"),
+                hash_ids=hash_ids_field(rec, "hash_ids", expected_num_ids(n_in, block_size, True)),
+                line=lineno,
+            )
+        except FieldError as exc:
+            raise TraceFormatError(p, lineno, str(exc)) from None
+        requests.append(req)
     requests.sort(key=lambda r: r.time)  # the file is sorted; stable sort keeps ties in order
     return Trace(
         name=name,
