@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from saria.errors import ConfigError
-from saria.traces import BUNDLED, bundled_trace, load_trace
+from saria.traces import BUNDLED, load_trace, resolve_trace
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,9 +59,7 @@ def run_index(args: argparse.Namespace) -> int:
         raise ConfigError("--window-hours", f"must not be negative, got {args.window_hours}")
     if args.limit_sessions is not None and args.limit_sessions < 1:
         raise ConfigError("--limit-sessions", f"must be at least 1, got {args.limit_sessions}")
-    path = Path(args.trace)
-    if not path.exists() and args.trace in BUNDLED:
-        path = bundled_trace(args.trace)
+    path = resolve_trace(args.trace)
     err = Console(stderr=True)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn())

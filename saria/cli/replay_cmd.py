@@ -28,7 +28,7 @@ from saria.policy import PROMOTIONS, make_admission
 from saria.sim.engine import LOOKUPS
 from saria.sim.presets import DEFAULT_PRESET, get_preset
 from saria.sim.replay import DEFAULT_POLICIES, ReadPath, make_setup, run_policy
-from saria.traces import BUNDLED, FORMATS, bundled_trace, load_trace
+from saria.traces import BUNDLED, FORMATS, load_trace, resolve_trace
 from saria.traces.arrivals import ArrivalModel
 from saria.transfer import COORDINATOR_MODES
 from saria.units import format_size, parse_size
@@ -228,12 +228,10 @@ def run_real_mode(args: argparse.Namespace, cfg: dict) -> int:
 def _trace_and_sessions(args: argparse.Namespace, default_sessions: int) -> tuple[Path, int | None]:
     """The trace path (a bundled name resolved) and how many sessions to load:
     the bundled WEKA bundle gets a default slice, anything else all of it."""
-    path = Path(args.trace)
-    bundled = not path.exists() and args.trace in BUNDLED
-    if bundled:
-        path = bundled_trace(args.trace)
+    path = resolve_trace(args.trace)
     sessions = args.sessions
-    if sessions is None and bundled and args.trace == "weka":
+    # resolve_trace changed the path only if "weka" named the bundled trace
+    if sessions is None and args.trace == "weka" and path != Path(args.trace):
         sessions = default_sessions
     return path, sessions
 

@@ -25,7 +25,7 @@ from saria.errors import ConfigError
 from saria.policy import PROMOTIONS, make_admission
 from saria.sim.engine import LOOKUPS
 from saria.sim.presets import DEFAULT_PRESET, get_preset
-from saria.traces import BUNDLED, FORMATS, bundled_trace, load_trace
+from saria.traces import FORMATS, load_trace, resolve_trace
 from saria.traces.arrivals import ArrivalModel
 from saria.transfer import COORDINATOR_MODES
 from saria.units import parse_size
@@ -126,9 +126,7 @@ def run(args: argparse.Namespace) -> int:
     points = expand_grid(policies, drams, arrivals, ssds, rs, coords)
     args.out.mkdir(parents=True, exist_ok=True)
 
-    path = Path(args.trace)
-    if not path.exists() and args.trace in BUNDLED:
-        path = bundled_trace(args.trace)
+    path = resolve_trace(args.trace)
     err = Console(stderr=True)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     t0 = time.perf_counter()

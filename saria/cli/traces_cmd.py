@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from saria.traces import BUNDLED, FORMATS, bundled_trace, bundled_traces, load_trace, trace_stats
+from saria.traces import (BUNDLED, FORMATS, bundled_traces, load_trace, resolve_trace,
+                          trace_stats)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,15 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.set_defaults(func=run_stats)
 
 
-def _resolve(arg: str) -> Path:
-    p = Path(arg)
-    if not p.exists() and arg in BUNDLED:
-        return bundled_trace(arg)
-    return p
-
-
 def run_stats(args: argparse.Namespace) -> int:
-    named = [(a, _resolve(a)) for a in args.traces] if args.traces else list(bundled_traces().items())
+    named = [(a, resolve_trace(a)) for a in args.traces] if args.traces else list(bundled_traces().items())
     labels = [label if label in BUNDLED else path.name for label, path in named]
     paths = [path for _, path in named]
     results = []

@@ -51,6 +51,16 @@ def bundled_trace(name: str) -> Path:
     return path
 
 
+def resolve_trace(arg: str | os.PathLike[str]) -> Path:
+    """A trace argument as users give it: an existing path, else the short
+    name of a bundled trace (``weka``, ...), else the path as given (so the
+    loader reports it missing)."""
+    p = Path(arg)
+    if not p.exists() and str(arg) in BUNDLED:
+        return bundled_trace(str(arg))
+    return p
+
+
 def bundled_traces() -> dict[str, Path]:
     """All bundled traces, short name -> path, each checked to exist."""
     return {name: bundled_trace(name) for name in BUNDLED}
