@@ -90,11 +90,8 @@ def _plot(plt, rows: list[dict], path):
             ax.grid(alpha=0.3)
             if row == 0:
                 ax.set_title(f"{tr} / {model}", fontsize=9)
-    fig.suptitle("Experiment 1: SSD writes vs TTFT (lower-left is better)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return C.save_figure(fig, "Experiment 1: SSD writes vs TTFT (lower-left is better)", path,
+                         dpi=90)
 
 
 def _summary(rows: list[dict]) -> None:

@@ -96,11 +96,7 @@ def _plot(plt, rows, policies, windows, drams, path):
                 if k == 1 and mi == len(models) - 1:
                     ax.set_xlabel("session-start window (shorter = more pressure)", fontsize=8)
     axes[0][-1].legend(fontsize=7, ncol=2)
-    fig.suptitle("Experiment 2: cache pressure (WEKA slice)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return C.save_figure(fig, "Experiment 2: cache pressure (WEKA slice)", path)
 
 
 if __name__ == "__main__":

@@ -89,12 +89,8 @@ def _plot(plt, rows, windows, path):
             ax.set_title(model, fontsize=9)
             ax.grid(alpha=0.3, axis="y")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("Experiment 3: where reloads come from (left = low load, right = high load)",
-                 fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return C.save_figure(
+        fig, "Experiment 3: where reloads come from (left = low load, right = high load)", path)
 
 
 if __name__ == "__main__":

@@ -105,11 +105,7 @@ def _plot(plt, rows, path):
             if k == 0:
                 ax.set_title(model, fontsize=9)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("Experiment 4: cumulative read-path ablation (E2 admission)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return C.save_figure(fig, "Experiment 4: cumulative read-path ablation (E2 admission)", path)
 
 
 if __name__ == "__main__":

@@ -97,11 +97,7 @@ def _plot(plt, rows, windows, path):
             if k == 0:
                 ax.set_title(f"{model} (3.84 TB, 1 DWPD)", fontsize=9)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle("Experiment 5: SSD endurance per policy and load", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return C.save_figure(fig, "Experiment 5: SSD endurance per policy and load", path)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,17 @@ def start(args: argparse.Namespace) -> tuple[float, object]:
     return time.perf_counter(), plt
 
 
+def save_figure(fig, title: str, path: Path, dpi: int = 80) -> Path:
+    """Titles, lays out, writes and closes a figure; returns its path."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
+
+
 # ------------------------------------------------------------------ traces
 
 def load_weka(sessions: int):
