@@ -272,7 +272,7 @@ class Replay:
         pick = self.s.promotion.select(ssd_pos, n_dram)
         pick = pick[(full[pick] & _BIT[DRAM]) == 0]
         if pick.size:
-            room = self._make_room(DRAM, pick.size, self.s.promotion.min_victim_age_s, full)
+            room = self._make_room(DRAM, pick.size, self.s.promotion.min_victim_age_s)
             pick = pick[:room]
             if pick.size:
                 self._add(keys, pick, DRAM, full, session)
@@ -283,7 +283,7 @@ class Replay:
         them all, the earliest positions (the shared prefix) win."""
         if pos.size == 0 or self.cap[tier] == 0:
             return
-        room = self._make_room(tier, pos.size, None, full)
+        room = self._make_room(tier, pos.size, None)
         self._add(keys, pos[:room], tier, full, session)
 
     def _add(self, keys, pos, tier, full, session) -> None:
@@ -295,7 +295,7 @@ class Replay:
         full[pos] |= _BIT[tier]
         self.used[tier] += int(pos.size)
 
-    def _make_room(self, tier, want, older_than, full) -> int:
+    def _make_room(self, tier, want, older_than) -> int:
         """Frees capacity units in `tier` for up to `want`; returns how many
         fit. A victim's checkpoint in the tier leaves with it."""
         free = self.cap[tier] - self.used[tier]
@@ -336,7 +336,7 @@ class Replay:
         pos = pos[(full[pos] & _BIT[SSD]) == 0]
         if pos.size == 0:
             return
-        room = self._make_room(SSD, pos.size, None, full)
+        room = self._make_room(SSD, pos.size, None)
         pos = pos[:room]
         if pos.size:
             self._add(keys, pos, SSD, full, 0)
@@ -350,7 +350,7 @@ class Replay:
 
     def _write_blocks(self, blocks: np.ndarray) -> None:
         """Writes DRAM victims (indexed blocks, not a path) to the SSD."""
-        room = self._make_room(SSD, blocks.shape[0], None, None)
+        room = self._make_room(SSD, blocks.shape[0], None)
         blocks = blocks[:room]
         if blocks.shape[0]:
             self.index.add_existing(blocks, SSD, np.zeros(blocks.shape[0], np.uint32))
@@ -385,7 +385,7 @@ class Replay:
                 self._ck[p] &= 0xFF ^ _BIT[tier]
             if self._ck[n - 1] & _BIT[tier] or self.cap[tier] == 0:
                 continue
-            if self._make_room(tier, self.ckpt_units, None, full) >= self.ckpt_units:
+            if self._make_room(tier, self.ckpt_units, None) >= self.ckpt_units:
                 self.index.add_checkpoint(key, tier, 0)
                 self.used[tier] += self.ckpt_units
                 self._ck[n - 1] |= _BIT[tier]
@@ -394,7 +394,7 @@ class Replay:
             self._write_checkpoint(keys[n - 1])
 
     def _write_checkpoint(self, key: np.ndarray) -> bool:
-        if self._make_room(SSD, self.ckpt_units, None, None) < self.ckpt_units:
+        if self._make_room(SSD, self.ckpt_units, None) < self.ckpt_units:
             return False
         self.index.add_checkpoint(bytes(key), SSD, 0)
         self.used[SSD] += self.ckpt_units

@@ -14,7 +14,6 @@ def policy_report(replay: Replay) -> dict:
     ssd_hit_ratio_tokens, ttft_mean_s, ttft_p90_s, ttft_p99_s,
     ttft_worst25_mean_s, ssd_lifetime_days)."""
     st = replay.stats
-    bb = replay.block_bytes
     hw = replay.s.preset.hardware
     ttft = np.asarray(st.ttft, dtype=float)
     written = st.ssd_bytes_written
@@ -26,8 +25,7 @@ def policy_report(replay: Replay) -> dict:
     worst = srt[len(srt) - max(1, len(srt) // 4):] if len(srt) else srt
     rate = float(written.sum()) / duration if duration else 0.0
     per_drive_rates = [float(w) / duration if duration else 0.0 for w in written]
-    ssd_capacity = replay.cap[2] * bb // max(replay.n_drives, 1)
-    if ssd_capacity > 0 and replay.ssd_on:
+    if replay.ssd_on:  # an SSD tier with capacity, under a policy that writes
         end = EnduranceReport(capacity_bytes=float(hw.ssd_bytes), dwpd=hw.dwpd,
                               years=hw.endurance_years, write_rate_Bps=rate,
                               drives=replay.n_drives, per_drive_rates=tuple(per_drive_rates))
