@@ -471,6 +471,23 @@ def _steps(cfg: IoBenchConfig) -> int:
     return cfg.repeat * (5 + (1 if cfg.lmcache else 0))
 
 
+def _attempt(res: dict, runs: str, measure, catch: type[BaseException],
+             prefix: str | None = None) -> float | None:
+    """One measurement of one tool, unless that tool already failed in this
+    run: the figure is appended to ``res[runs]``; a failure becomes
+    ``res["reason"]`` (``prefix`` + exception type and text, or the text
+    alone) and later rounds skip the tool."""
+    if res["reason"] is not None:
+        return None
+    try:
+        value = measure()
+    except catch as exc:  # noqa: BLE001 -- a tool's failure is reported, not raised
+        res["reason"] = str(exc) if prefix is None else f"{prefix}{type(exc).__name__}: {exc}"
+        return None
+    res[runs].append(value)
+    return value
+
+
 def run_io_bench(cfg: IoBenchConfig, *, progress: Progress | None = None,
                  notice: Callable[[str], None] | None = None) -> dict:
     """Runs every measurement; returns the JSON-ready result. ``progress(desc, True)`` is called
@@ -563,35 +580,18 @@ def run_io_bench(cfg: IoBenchConfig, *, progress: Progress | None = None,
     try:
         for r in range(cfg.repeat):
             tag = f"[{r + 1}/{cfg.repeat}]"
-            fw = fr = sw = sr = None
             step(f"{tag} fio write")
-            if fio is not None and fio_res["reason"] is None:
-                try:
-                    fw = fio.run(cfg, fio_file, "write") / 1e9
-                    fio_res["write_runs"].append(fw)
-                except BenchIoError as exc:
-                    fio_res["reason"] = str(exc)
+            fw = _attempt(fio_res, "write_runs", lambda: fio.run(cfg, fio_file, "write") / 1e9,
+                          BenchIoError) if fio is not None else None
             step(f"{tag} saria SSD store write")
-            if ssd is not None and ssd_res["reason"] is None:
-                try:
-                    sw = ssd.write(r)
-                    ssd_res["write_runs"].append(sw)
-                except Exception as exc:  # noqa: BLE001
-                    ssd_res["reason"] = f"write failed: {type(exc).__name__}: {exc}"
+            sw = _attempt(ssd_res, "write_runs", lambda: ssd.write(r), Exception,
+                          "write failed: ") if ssd is not None else None
             step(f"{tag} fio read")
-            if fio is not None and fio_res["reason"] is None:
-                try:
-                    fr = fio.run(cfg, fio_file, "read") / 1e9
-                    fio_res["read_runs"].append(fr)
-                except BenchIoError as exc:
-                    fio_res["reason"] = str(exc)
+            fr = _attempt(fio_res, "read_runs", lambda: fio.run(cfg, fio_file, "read") / 1e9,
+                          BenchIoError) if fio is not None else None
             step(f"{tag} saria SSD store read")
-            if ssd is not None and ssd_res["reason"] is None and sw is not None:
-                try:
-                    sr = ssd.read()
-                    ssd_res["read_runs"].append(sr)
-                except Exception as exc:  # noqa: BLE001
-                    ssd_res["reason"] = f"read failed: {type(exc).__name__}: {exc}"
+            sr = _attempt(ssd_res, "read_runs", ssd.read, Exception,
+                          "read failed: ") if ssd is not None and sw is not None else None
             step(f"{tag} DRAM pool vs memcpy")
             for k, v in dram_round(src2, dst2, pool, handles).items():
                 dram_runs[k].append(v)
