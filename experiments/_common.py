@@ -18,11 +18,9 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import multiprocessing as mp
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 #: Mooncake's conversation trace is a whole cluster's traffic (12,031 requests in
@@ -184,13 +182,10 @@ def _run_one(job: tuple) -> dict:
 def run_many(traces: dict, jobs_list: list[tuple], jobs: int) -> list[dict]:
     """Runs (tags, trace_key, policy, preset, ReadPath, make_setup kwargs,
     arrivals spec) jobs in forked workers; rows in input order."""
+    from saria.sim.sweep import parallel_map
     global _TRACES
     _TRACES = traces
-    n = max(1, min(jobs, len(jobs_list)))
-    if n == 1:
-        return [_run_one(j) for j in jobs_list]
-    with ProcessPoolExecutor(n, mp_context=mp.get_context("fork")) as pool:
-        return list(pool.map(_run_one, jobs_list))
+    return parallel_map(_run_one, jobs_list, jobs=jobs)
 
 
 # ------------------------------------------------------------------ output

@@ -79,18 +79,27 @@ def run_sweep(trace: Trace, preset: Preset, points: Sequence[GridPoint], *, jobs
     _TRACE, _PRESET = trace, preset
     _OPTS = dict(lookup=lookup, promotion=promotion, coordinator=coordinator,
                  max_context=max_context)
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(points)))
-    rows: list[dict | None] = [None] * len(points)
+    return parallel_map(_run_point, points, jobs=jobs, progress=progress)
+
+
+def parallel_map(fn: Callable, items: Sequence, *, jobs: int | None = None,
+                 progress: Callable[[int], None] | None = None) -> list:
+    """``[fn(x) for x in items]`` in forked worker processes (so module
+    globals set before the call -- a loaded trace -- are shared copy-on-write
+    rather than pickled); results in input order, ``progress(done)`` as they
+    complete. One job runs in-process."""
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(items)))
+    out: list = [None] * len(items)
     if jobs == 1:
-        for i, p in enumerate(points):
-            rows[i] = _run_point(p)
+        for i, x in enumerate(items):
+            out[i] = fn(x)
             if progress:
                 progress(i + 1)
-        return rows  # type: ignore[return-value]
+        return out
     with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
-        futures = {pool.submit(_run_point, p): i for i, p in enumerate(points)}
+        futures = {pool.submit(fn, x): i for i, x in enumerate(items)}
         for done, fut in enumerate(as_completed(futures), start=1):
-            rows[futures[fut]] = fut.result()
+            out[futures[fut]] = fut.result()
             if progress:
                 progress(done)
-    return rows  # type: ignore[return-value]
+    return out
