@@ -42,6 +42,7 @@ from saria.errors import ConfigError
 from saria.index import RadixIndex, ReloadPlan, Tier
 from saria.index.clock import Clock, wall_clock
 from saria.policy import make_admission, make_promotion
+from saria.runtime.events import CacheEvent, EventLog
 from saria.tiers.dram import DramPool
 
 _DRAM, _SSD = 1 << Tier.DRAM, 1 << Tier.SSD
@@ -64,6 +65,8 @@ class CacheConfig:
     write_mode: str = "async"
     write_queue: int = 256  # pending SSD write batches before writes are dropped
     pin: bool | None = None
+    events: bool = False       # keep a residency event log (take_events)
+    shared_pool: str | None = None  # map the DRAM pool from this file (DramPool shared=)
 
     def __post_init__(self) -> None:
         if self.block_bytes <= 0:
@@ -106,6 +109,39 @@ class CacheStats:
     adopted_blocks: int = 0
 
 
+@dataclass(slots=True)
+class Reservation:
+    """Slots handed out by ``reserve``: block ``positions[i]`` of the
+    request (key ``path[positions[i]]``) goes to ``slots[i]``; ``masks``
+    are those blocks' tier masks before the reservation."""
+
+    path: np.ndarray
+    positions: np.ndarray
+    slots: np.ndarray
+    masks: np.ndarray
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.positions.size)
+
+
+@dataclass(slots=True)
+class Staged:
+    """A prefix made readable by ``stage``: block i's bytes are in DRAM slot
+    ``slots[i]``; ``ssd_positions`` came from the SSD into ``spare`` slots;
+    ``failed`` SSD reads were dropped (the prefix stops before the first)."""
+
+    path: np.ndarray
+    slots: np.ndarray
+    ssd_positions: np.ndarray
+    spare: np.ndarray
+    failed: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.path.shape[0])
+
+
 class TieredCache:
     """DRAM + SSD KV cache behind one radix index; thread-safe."""
 
@@ -116,7 +152,8 @@ class TieredCache:
         self.promotion = make_promotion(config.promotion, r=config.promotion_r,
                                         min_victim_age_s=config.min_victim_age_s)
         self.pool = DramPool(config.dram_bytes // config.block_bytes, config.block_bytes,
-                             pin=config.pin)
+                             pin=config.pin, shared=config.shared_pool)
+        self.events = EventLog() if config.events else None
         self.ssd = None
         if config.ssd_dirs and config.ssd_bytes > 0 and not self.admission.writes_nothing:
             from saria.tiers.ssd import SsdStore
@@ -212,9 +249,7 @@ class TieredCache:
                 self.stats.ssd_read_failures += int(bad.size)
                 lost = [i for i in bad if self.index.slot_of(bytes(keys[i]), Tier.SSD) is not None]
                 if lost:
-                    # The copy is unusable: drop it, so no later plan relies on it.
-                    handles = self.index.remove(keys[lost], Tier.SSD)
-                    self.ssd.free(handles)
+                    self._drop_ssd(keys[lost])
         blocks = int(bad[0]) if bad.size else n
         n_ssd = int(np.count_nonzero(ssd < blocks))
         with self._mu:
@@ -249,6 +284,8 @@ class TieredCache:
                 self.pool.scatter(slots, data[pos - start])
                 self.index.add(keys[: int(pos[-1]) + 1], Tier.DRAM, slots, where=pos,
                                session=session)
+                if self.events is not None:
+                    self.events.stored(Tier.DRAM, keys, pos)
                 self.stats.stored_blocks += int(pos.size)
                 if self.ssd is not None:
                     want = self.admission.on_create(keys[pos], self.index.now())
@@ -280,8 +317,164 @@ class TieredCache:
                 return 0
             self.pool.scatter(slots, rows[[row_of[int(p)] for p in known]])
             self.index.add(keys[: int(known[-1]) + 1], Tier.DRAM, slots, where=known)
+            if self.events is not None:
+                self.events.stored(Tier.DRAM, keys, known)
             self.stats.promoted_blocks += int(known.size)
             return int(known.size)
+
+    # ------------------------------------- engine API: copies done elsewhere
+    #
+    # The vLLM connector's worker copies KV pages between the engine's KV
+    # cache and pool slots in another process (the pool is shared memory), so
+    # the bytes never pass through these calls. The four calls below hand out
+    # slots and hold index locks until the copier reports back:
+    #
+    #   res = cache.reserve(keys, start)   # slots for new blocks, locked
+    #   ... the copier fills res.slots ...
+    #   cache.commit(res)                  # unlock; admission may write SSD
+    #
+    #   st = cache.stage(keys, n)          # prefix -> DRAM slots (SSD read in)
+    #   ... the copier reads st.slots ...
+    #   cache.release(st)                  # unlock; promotion keeps some
+
+    def reserve(self, keys: np.ndarray, start: int = 0, *, session: int = 0) -> "Reservation":
+        """DRAM slots for blocks ``keys[start:]`` not yet in DRAM, added to
+        the index and locked (with their path) until ``commit``. Their bytes
+        are undefined until the copier fills the slots; the index may match
+        them meanwhile, which is safe only for a copier that runs its copies
+        in order (the connector's worker does). Fewer slots than blocks when
+        DRAM is short: the reservation is the leading part that fitted."""
+        n = keys.shape[0]
+        with self._mu:
+            plan = self.index.match(keys)
+            masks = np.zeros(n, np.uint8)
+            masks[:plan.num_known] = plan.masks
+            pos = np.arange(start, n)
+            pos = pos[(masks[pos] & _DRAM) == 0]
+            self.index.lock(keys[:plan.num_known])
+            try:
+                slots = self._dram_slots(pos.size, None) if pos.size else pos[:0]
+                pos = pos[: slots.size]
+                if pos.size == 0:
+                    return Reservation(keys[:0].copy(), pos, slots, masks[:0])
+                path = keys[: int(pos[-1]) + 1].copy()
+                self.index.add(path, Tier.DRAM, slots, where=pos, session=session)
+                self.index.lock(path)
+                if self.events is not None:
+                    self.events.stored(Tier.DRAM, path, pos)
+                return Reservation(path, pos, slots, masks[pos].copy())
+            finally:
+                self.index.unlock(keys[:plan.num_known])
+
+    def commit(self, res: "Reservation", *, ok: bool = True) -> int:
+        """The copier filled (``ok``) or failed to fill a reservation's slots:
+        unlocks it; filled blocks go through admission (early SSD writes read
+        the slots now), failed ones leave the index. Returns blocks kept."""
+        if res.positions.size == 0:
+            return 0
+        with self._mu:
+            self.index.unlock(res.path)
+            keys = res.path[res.positions]
+            if not ok:
+                slots = self.index.remove(keys, Tier.DRAM)
+                self.pool.free(slots)
+                if self.events is not None:
+                    self.events.removed(Tier.DRAM, keys)
+                return 0
+            self.stats.stored_blocks += int(res.positions.size)
+            if self.ssd is not None:
+                want = self.admission.on_create(keys, self.index.now())
+                fresh = np.flatnonzero(want & ((res.masks & _SSD) == 0))
+                if fresh.size:
+                    rows = np.empty((fresh.size, self.cfg.block_bytes), np.uint8)
+                    self.pool.gather(res.slots[fresh], rows)
+                    self._submit_write(keys[fresh], rows)
+            return int(res.positions.size)
+
+    def stage(self, keys: np.ndarray, blocks: int | None = None, start: int = 0) -> "Staged":
+        """Makes the longest cached prefix of ``keys[:blocks]`` readable from
+        DRAM slots and locks it until ``release``: DRAM blocks by their own
+        slots, SSD blocks read (verified) into spare slots. Stops before the
+        first SSD block that fails its read (the copy is dropped from the
+        SSD tier) or finds no spare slot. Blocks before `start` (the engine
+        holds them already) are locked but not read: their ``slots`` entries
+        are meaningless. Blocks on the SSD read, under the
+        lock only for bookkeeping: call it off the engine's critical path."""
+        n = keys.shape[0] if blocks is None else min(blocks, keys.shape[0])
+        with self._mu:
+            if self._recovered:
+                self.lookup(keys[:n])  # adopts recovered SSD blocks on the path
+            plan = self.index.match(keys[:n])
+            n = plan.num_blocks
+            path = keys[:n].copy()
+            self.index.lock(path)
+            slots = plan.slots[:n].astype(np.int64)
+            ssd = np.flatnonzero(plan.tiers[:n] == Tier.SSD)
+            ssd = ssd[ssd >= start]
+            spare = self._dram_slots(ssd.size, None) if ssd.size else ssd[:0]
+            if spare.size < ssd.size:  # DRAM full of locked blocks: stage fewer
+                n = int(ssd[spare.size])
+                self._relock(path, n)
+                path, ssd = path[:n], ssd[: spare.size]
+            handles = slots[ssd].copy()
+        failed = 0
+        if ssd.size:
+            rows = np.empty((ssd.size, self.cfg.block_bytes), np.uint8)
+            good = self.ssd.read(handles, np.ascontiguousarray(path[ssd]), rows)
+            self.pool.scatter(spare, rows)
+            slots[ssd] = spare
+            bad = np.flatnonzero(~good)
+            if bad.size:
+                failed = int(bad.size)
+                with self._mu:
+                    self.stats.ssd_read_failures += failed
+                    cut = int(ssd[bad[0]])
+                    self._relock(path, cut)  # before the drop: a dropped block may leave
+                    lost = [int(ssd[i]) for i in bad
+                            if self.index.slot_of(bytes(path[ssd[i]]), Tier.SSD) is not None]
+                    if lost:
+                        self._drop_ssd(path[lost])
+                    keep = ssd < cut
+                    self.pool.free(spare[~keep])
+                    path, ssd, spare, slots = path[:cut], ssd[keep], spare[keep], slots[:cut]
+        n = path.shape[0]
+        with self._mu:
+            self.stats.hit_blocks["DRAM"] += max(0, n - start) - int(ssd.size)
+            self.stats.hit_blocks["SSD"] += int(ssd.size)
+        return Staged(path, slots[:n], ssd, spare, failed)
+
+    def release(self, st: "Staged", *, promote: bool = True) -> int:
+        """The copier is done with a staged prefix: unlocks it; the promotion
+        policy picks SSD hits to keep in DRAM (their bytes are already in the
+        spare slots, so promotion costs no copy); the other spare slots are
+        freed. Returns blocks promoted."""
+        with self._mu:
+            self.index.unlock(st.path)
+            pick = np.zeros(st.ssd_positions.size, bool)
+            if promote and st.ssd_positions.size:
+                chosen = self.promotion.select(st.ssd_positions, st.num_blocks - st.ssd_positions.size)
+                pick[: chosen.size] = True  # select returns a prefix of the positions
+                plan = self.index.match(st.path)
+                ok = np.zeros(st.ssd_positions.size, bool)
+                inside = st.ssd_positions < plan.num_known
+                ok[inside] = (plan.masks[st.ssd_positions[inside]] & _DRAM) == 0
+                pick &= ok
+            pos = st.ssd_positions[pick]
+            if pos.size:
+                self.index.add(st.path[: int(pos[-1]) + 1], Tier.DRAM, st.spare[pick], where=pos)
+                self.stats.promoted_blocks += int(pos.size)
+                if self.events is not None:
+                    self.events.stored(Tier.DRAM, st.path, pos)
+            if (~pick).any():
+                self.pool.free(st.spare[~pick])
+            return int(pos.size)
+
+    def take_events(self) -> list[CacheEvent]:
+        """Residency events since the last call (``CacheConfig.events``)."""
+        if self.events is None:
+            return []
+        with self._mu:
+            return self.events.take()
 
     def flush(self, timeout: float | None = None) -> None:
         """Waits until every queued SSD write has been issued."""
@@ -324,7 +517,24 @@ class TieredCache:
             return False
         self.index.add(keys[: pos[-1] + 1], Tier.SSD, handles, where=pos)
         self.stats.adopted_blocks += len(pos)
+        if self.events is not None:
+            self.events.stored(Tier.SSD, keys, np.asarray(pos))
         return True
+
+    def _relock(self, path: np.ndarray, keep: int) -> None:
+        """Shortens a locked path to its first `keep` blocks (locks are taken
+        and released on whole root paths). Caller holds the lock."""
+        self.index.unlock(path)
+        if keep:
+            self.index.lock(path[:keep])
+
+    def _drop_ssd(self, keys: np.ndarray) -> None:
+        """Drops unusable SSD copies (a failed read) so no later plan relies
+        on them. Caller holds the lock."""
+        handles = self.index.remove(keys, Tier.SSD)
+        self.ssd.free(handles)
+        if self.events is not None:
+            self.events.removed(Tier.SSD, keys)
 
     def _free_recovered(self, count: int) -> None:
         """Reclaims SSD space held by recovered blocks nobody looked up."""
@@ -349,6 +559,8 @@ class TieredCache:
                         self.pool.gather(ev.slots[admit], rows)
                         self._submit_write(ev.keys[admit], rows)
                 self.pool.free(ev.slots)
+                if self.events is not None:
+                    self.events.removed(Tier.DRAM, ev.keys)
         return self.pool.alloc(min(want, self.pool.free_slots))
 
     def _submit_write(self, keys: np.ndarray, rows: np.ndarray) -> None:
@@ -379,6 +591,8 @@ class TieredCache:
                 if len(ev):
                     self.stats.ssd_evictions += len(ev)
                     self.ssd.free(ev.slots)
+                    if self.events is not None:
+                        self.events.removed(Tier.SSD, ev.keys)
                 if keys.shape[0] > self.ssd.free_slots:
                     self._free_recovered(keys.shape[0] - self.ssd.free_slots)
             room = min(keys.shape[0], self.ssd.free_slots)
@@ -397,6 +611,8 @@ class TieredCache:
                 try:
                     self.index.add_existing(key, Tier.SSD, [h])
                     self.stats.ssd_write_blocks += 1
+                    if self.events is not None:
+                        self.events.stored_loose(Tier.SSD, key)
                 except ValueError:
                     # The block left the index or reached the SSD meanwhile.
                     self.ssd.free(np.array([h], np.int64))

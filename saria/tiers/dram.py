@@ -41,6 +41,15 @@ Threads. A lock guards the free list and the allocated flags (``alloc``, ``free`
 GIL for plain byte copies, so several threads copy in parallel. Copying into a slot while
 another thread frees it is the caller's race, as with any allocator.
 
+Sharing (``shared``). With ``shared=PATH`` the pool is a ``MAP_SHARED`` mapping of the file
+PATH (normally on ``/dev/shm``), created at the pool's size if missing and attached to if it
+exists with exactly that size. Two processes that open the same PATH see the same bytes: the
+vLLM connector's scheduler process owns the pool's allocator and the index, the worker process
+attaches and copies KV pages in and out of the slots the scheduler names. Each process keeps its
+own free list; only the owner's is used. Pinning a shared pool uses ``cudaHostRegister`` only
+(torch's pinned allocator cannot map a file); if that fails the pool stays ordinary memory.
+``unlink()`` removes the file name (the memory lives on while a process maps it).
+
 Views. ``view(h)`` and ``views(handles)`` are numpy views (no copy) of single slots;
 ``pool.array`` is the whole pool as a ``(num_slots, slot_bytes)`` uint8 array. Fancy indexing
 (``pool.array[handles]``) copies, which is why ``gather`` / ``scatter`` exist.
@@ -49,6 +58,7 @@ Views. ``view(h)`` and ``views(handles)`` are numpy views (no copy) of single sl
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 from typing import Any
 
@@ -95,7 +105,7 @@ class DramPool:
     """``num_slots`` slots of ``slot_bytes`` bytes in one host allocation (see the module doc)."""
 
     def __init__(self, num_slots: int, slot_bytes: int, *, pin: bool | None = None,
-                 prefault: bool = True) -> None:
+                 prefault: bool = True, shared: str | None = None) -> None:
         n = _check_count(num_slots, "num_slots", minimum=1)
         b = _check_count(slot_bytes, "slot_bytes", minimum=1)
         if pin not in (None, True, False):
@@ -113,6 +123,8 @@ class DramPool:
         self._pinned = False
         self._pin_method: str | None = None
         self._prefaulted = False
+        self._shared = None if shared is None else str(shared)
+        self._shared_id: tuple[int, int] | None = None
 
         torch = None
         if pin is not False:
@@ -135,6 +147,8 @@ class DramPool:
 
     # ----------------------------------------------------------------- set-up / tear-down
     def _alloc_mmap(self, nbytes: int, prefault: bool) -> np.ndarray:
+        if self._shared is not None:
+            return self._map_shared(nbytes, prefault)
         flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", getattr(mmap, "MAP_ANON", 0))
         huge = hasattr(mmap, "MADV_HUGEPAGE") and nbytes >= _HUGE_PAGE
         if prefault and not huge and hasattr(mmap, "MAP_POPULATE"):
@@ -143,6 +157,40 @@ class DramPool:
             m = mmap.mmap(-1, nbytes, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, OverflowError) as exc:
             raise DramPoolError(f"cannot allocate a {nbytes:,}-byte DRAM pool: {exc}") from exc
+        return self._finish_map(m, nbytes, prefault, huge)
+
+    def _map_shared(self, nbytes: int, prefault: bool) -> np.ndarray:
+        path = self._shared
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise DramPoolError(f"cannot open shared DRAM pool file {path}: {exc}") from exc
+        try:
+            st = os.fstat(fd)
+            self._shared_id = (int(st.st_dev), int(st.st_ino))
+            size = st.st_size
+            if size == 0:
+                try:
+                    os.posix_fallocate(fd, 0, nbytes)  # tmpfs: fails now, not at first touch
+                except OSError as exc:
+                    raise DramPoolError(f"cannot size shared DRAM pool file {path} to "
+                                        f"{nbytes:,} bytes: {exc}") from exc
+            elif size != nbytes:
+                raise DramPoolError(f"shared DRAM pool file {path} holds {size:,} bytes, "
+                                    f"expected {nbytes:,}: another pool of a different size")
+            try:
+                # MAP_POPULATE maps the (fallocated) tmpfs pages up front. No write-prefault:
+                # an attaching process must not zero bytes the other side already holds.
+                m = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0),
+                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            except (OSError, OverflowError) as exc:
+                raise DramPoolError(f"cannot map shared DRAM pool {path}: {exc}") from exc
+        finally:
+            os.close(fd)
+        self._prefaulted = prefault
+        return self._finish_map(m, nbytes, False, False)
+
+    def _finish_map(self, m: mmap.mmap, nbytes: int, prefault: bool, huge: bool) -> np.ndarray:
         self._mmap = m
         if huge:
             # Transparent huge pages where the kernel allows them (madvise mode): ~10x faster
@@ -174,6 +222,8 @@ class DramPool:
             except Exception as exc:  # noqa: BLE001 -- fall back to torch's allocator
                 err = exc
             if not _cuda_ok(err):
+                if self._shared is not None:
+                    return flat  # a shared pool cannot move to torch's allocator
                 del flat
                 self._release_mmap()
                 return self._alloc_torch_pinned(torch, nbytes)
@@ -182,6 +232,8 @@ class DramPool:
             self._pin_method = "cudaHostRegister"
             self._prefaulted = True  # page-locked memory is resident
             return flat
+        if self._shared is not None:
+            return None  # ordinary shared memory; see "Sharing" in the module doc
         return self._alloc_torch_pinned(torch, nbytes)
 
     def _alloc_torch_pinned(self, torch, nbytes: int) -> np.ndarray | None:
@@ -218,6 +270,20 @@ class DramPool:
         self._arr = None  # type: ignore[assignment]
         self._tensor = None
         self._release_mmap()
+
+    @property
+    def shared_id(self) -> tuple[int, int] | None:
+        """(device, inode) of a shared pool's file: equal in two processes
+        exactly when they map the same memory."""
+        return self._shared_id
+
+    def unlink(self) -> None:
+        """Removes a shared pool's file name; mappings stay valid. Idempotent."""
+        if self._shared is not None:
+            try:
+                os.unlink(self._shared)
+            except FileNotFoundError:
+                pass
 
     def __enter__(self) -> DramPool:
         return self

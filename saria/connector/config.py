@@ -1,0 +1,192 @@
+"""Settings of the vLLM connector, read from ``kv_connector_extra_config``.
+
+Every key is checked at engine start-up; a bad value stops the engine with a
+``ConfigError`` whose message starts with the key (``ssd_bytes: ...``).
+Sizes accept bytes (an int) or text with a unit (``"64GB"``, ``"8GiB"``).
+
+=================  ==========================================================
+key                meaning (default)
+=================  ==========================================================
+dram_bytes         size of the shared DRAM pool (required)
+ssd_dirs           list of directories, one per drive ([]: no SSD tier)
+ssd_bytes          SSD capacity per drive (0: no SSD tier)
+hash_seed          seed of the block-key chain ("vllm-none-hash", vLLM's)
+hash_algo          "sha256_cbor" (default) or "xxhash_cbor"
+admission          a ``saria replay`` policy name: saria, full-duplicate, ...
+promotion          none, full or lazy (lazy)
+promotion_r        lazy promotion's DRAM share (0.8)
+write_queue        pending SSD write batches before writes are dropped (256)
+events             keep KV events for ``take_events`` (true)
+metrics_port       serve Prometheus metrics on this port (none)
+dwpd               the drives' rated drive writes per day, for the budget (1)
+config_file        a JSON file holding any of these keys (inline keys win)
+=================  ==========================================================
+
+Keys for the same engine's SSD files: the store's files live under
+``<ssd_dir>/saria-<namespace>``, where the namespace digests everything that
+makes a stored page meaningful (model, dtype, block size, page layout,
+layer count, tensor-parallel size, hash algorithm and seed), so a second
+model on the same drives never reads the first one's pages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from saria.errors import ConfigError
+from saria.keys.hashing import DEFAULT_SEED, resolve_algo
+from saria.policy import make_admission, make_promotion
+from saria.units import parse_size
+
+KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admission",
+        "promotion", "promotion_r", "write_queue", "events", "metrics_port", "dwpd",
+        "config_file")
+
+
+@dataclass(frozen=True)
+class ConnectorConfig:
+    dram_bytes: int
+    ssd_dirs: tuple[str, ...] = ()
+    ssd_bytes: int = 0
+    hash_seed: str = DEFAULT_SEED
+    hash_algo: str = "sha256_cbor"
+    admission: str = "saria"
+    promotion: str = "lazy"
+    promotion_r: float = 0.8
+    write_queue: int = 256
+    events: bool = True
+    metrics_port: int | None = None
+    dwpd: float = 1.0
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def has_ssd(self) -> bool:
+        return bool(self.ssd_dirs) and self.ssd_bytes > 0
+
+
+def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
+    """Validates ``kv_connector_extra_config``; raises ``ConfigError`` naming the key."""
+    raw = dict(extra or {})
+    path = raw.pop("config_file", None)
+    if path is not None:
+        raw = {**_read_file(path), **raw}
+    unknown = sorted(set(raw) - set(KEYS))
+    if unknown:
+        raise ConfigError(unknown[0], f"unknown key in kv_connector_extra_config "
+                          f"(known: {', '.join(KEYS)})")
+    if "dram_bytes" not in raw:
+        raise ConfigError("dram_bytes", "is required (size of saria's DRAM pool, e.g. '8GB')")
+    dram = _size(raw, "dram_bytes")
+    if dram <= 0:
+        raise ConfigError("dram_bytes", "must be positive")
+    avail = psutil.virtual_memory().total
+    if dram > avail:
+        raise ConfigError("dram_bytes", f"{dram:,} B is more than this machine's "
+                          f"{avail:,} B of memory")
+    dirs = raw.get("ssd_dirs", [])
+    if isinstance(dirs, str) or not isinstance(dirs, (list, tuple)) or \
+            not all(isinstance(d, str) and d for d in dirs):
+        raise ConfigError("ssd_dirs", f"must be a list of directory paths, got {dirs!r}")
+    if len(set(dirs)) != len(dirs):
+        raise ConfigError("ssd_dirs", "lists a directory twice")
+    ssd = _size(raw, "ssd_bytes") if "ssd_bytes" in raw else 0
+    if ssd < 0:
+        raise ConfigError("ssd_bytes", "must not be negative")
+    if dirs and ssd > 0:
+        for d in dirs:
+            _check_dir(d, ssd)
+    seed = raw.get("hash_seed", DEFAULT_SEED)
+    if isinstance(seed, bool) or not isinstance(seed, (str, int)):
+        raise ConfigError("hash_seed", f"must be a string or an integer, got {seed!r}")
+    try:
+        algo = resolve_algo(str(raw.get("hash_algo", "sha256_cbor")))
+    except ValueError as e:
+        raise ConfigError("hash_algo", str(e)) from None
+    admission = str(raw.get("admission", "saria"))
+    promotion = str(raw.get("promotion", "lazy"))
+    r = raw.get("promotion_r", 0.8)
+    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
+        raise ConfigError("promotion_r", f"must be a number in [0, 1], got {r!r}")
+    for key, make in (("admission", lambda: make_admission(admission)),
+                      ("promotion", lambda: make_promotion(promotion, r=float(r)))):
+        try:
+            make()
+        except ConfigError as e:
+            raise ConfigError(key, str(e).split(": ", 1)[-1]) from None
+        except (ValueError, KeyError) as e:
+            raise ConfigError(key, str(e).strip("'\"")) from None
+    wq = raw.get("write_queue", 256)
+    if isinstance(wq, bool) or not isinstance(wq, int) or wq < 1:
+        raise ConfigError("write_queue", f"must be an integer >= 1, got {wq!r}")
+    events = raw.get("events", True)
+    if not isinstance(events, bool):
+        raise ConfigError("events", f"must be true or false, got {events!r}")
+    port = raw.get("metrics_port")
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 <= port < 65536):
+        raise ConfigError("metrics_port", f"must be a TCP port number, got {port!r}")
+    dwpd = raw.get("dwpd", 1.0)
+    if isinstance(dwpd, bool) or not isinstance(dwpd, (int, float)) or not dwpd > 0:
+        raise ConfigError("dwpd", f"must be a positive number, got {dwpd!r}")
+    return ConnectorConfig(dram, tuple(os.path.abspath(d) for d in dirs), ssd, str(seed), algo,
+                           admission, promotion, float(r), wq, events, port, float(dwpd),
+                           dict(extra or {}))
+
+
+def _size(raw: dict, key: str) -> int:
+    v = raw[key]
+    try:
+        return int(parse_size(v, name=key))
+    except (ValueError, TypeError) as e:
+        msg = str(e)
+        raise ConfigError(key, msg.split(": ", 1)[-1] if msg.startswith(key) else msg) from None
+
+
+def _read_file(path: Any) -> dict:
+    if not isinstance(path, str):
+        raise ConfigError("config_file", f"must be a path, got {path!r}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ConfigError("config_file", f"cannot read {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError("config_file", f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("config_file", f"{path}: must hold a JSON object")
+    if "config_file" in data:
+        raise ConfigError("config_file", f"{path}: a config file cannot name another")
+    return data
+
+
+def _check_dir(d: str, ssd_bytes: int) -> None:
+    try:
+        os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("ssd_dirs", f"cannot create {d}: {e.strerror}") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ConfigError("ssd_dirs", f"{d} is not writable")
+    st = os.statvfs(d)
+    free = st.f_bavail * st.f_frsize
+    if ssd_bytes > free:
+        # Existing store files are reused, so count what they already hold.
+        held = sum(f.stat().st_size for sub in os.scandir(d)
+                   if sub.is_dir() and sub.name.startswith("saria-")
+                   for f in os.scandir(sub.path) if f.is_file())
+        if ssd_bytes > free + held:
+            raise ConfigError("ssd_bytes", f"{ssd_bytes:,} B per drive does not fit in {d} "
+                              f"({free:,} B free)")
+
+
+def check_fits(cfg: ConnectorConfig, slot_bytes: int, block_size: int) -> None:
+    """Sizes against the model's block: a tier must hold at least one block."""
+    what = f"one {block_size}-token block of this model ({slot_bytes:,} B, all layers)"
+    if cfg.dram_bytes < slot_bytes:
+        raise ConfigError("dram_bytes", f"{cfg.dram_bytes:,} B cannot hold {what}")
+    if cfg.ssd_dirs and 0 < cfg.ssd_bytes < slot_bytes + 4096:
+        raise ConfigError("ssd_bytes", f"{cfg.ssd_bytes:,} B per drive cannot hold {what}")

@@ -1,0 +1,80 @@
+"""The geometry both sides of the connector agree on, from vLLM's configs.
+
+A saria block is one vLLM KV block of every layer (and every tensor-parallel
+rank): a DRAM slot holds ``tp_size * num_layers`` pages of ``page_bytes``,
+rank-major, then in the KV-cache group's layer order. Pages are opaque bytes
+(the CPU backend stores K transposed inside a page; FlashAttention splits K
+and V): saria only ever moves whole pages, so it never depends on what is
+inside one -- but pages are not portable between layouts, which is why the
+namespace below goes into the SSD store's directory name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+from saria.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Geometry:
+    block_size: int
+    page_bytes: int
+    layer_names: tuple[str, ...]
+    tp_size: int
+    tp_rank: int
+    num_gpu_blocks: int
+    dtype: str
+    model: str
+    kv_layout: str
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_names)
+
+    @property
+    def rank_bytes(self) -> int:
+        return self.num_layers * self.page_bytes
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.tp_size * self.rank_bytes
+
+    def namespace(self, hash_algo: str, hash_seed: str) -> str:
+        """A digest of what makes a stored page meaningful to this engine."""
+        parts = (self.model, self.dtype, self.block_size, self.page_bytes, self.num_layers,
+                 self.tp_size, self.kv_layout, hash_algo, hash_seed)
+        return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def geometry(vllm_config, kv_cache_config, *, rank: int | None = None) -> Geometry:
+    """Reads the geometry; raises ``ConfigError`` for models saria cannot hold."""
+    from vllm.v1.kv_cache_interface import AttentionSpec
+
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ConfigError("model", f"saria holds models with one KV-cache group; this one has "
+                          f"{len(groups)} (hybrid or sliding-window layers)")
+    spec = groups[0].kv_cache_spec
+    if not isinstance(spec, AttentionSpec):
+        raise ConfigError("model", f"saria holds attention KV caches, not {type(spec).__name__}")
+    par = vllm_config.parallel_config
+    if par.pipeline_parallel_size != 1:
+        raise ConfigError("pipeline_parallel_size", "saria does not support pipeline parallelism")
+    if rank is None:
+        rank = 0
+    mc = vllm_config.model_config
+    layout = kv_cache_config.kv_cache_layout or os.environ.get("VLLM_KV_CACHE_LAYOUT") or "default"
+    return Geometry(block_size=spec.block_size, page_bytes=spec.page_size_bytes,
+                    layer_names=tuple(groups[0].layer_names),
+                    tp_size=par.tensor_parallel_size, tp_rank=rank,
+                    num_gpu_blocks=kv_cache_config.num_blocks, dtype=str(spec.dtype),
+                    model=str(mc.model), kv_layout=f"{layout}/{vllm_config.device_config.device_type}")
+
+
+def pool_path(vllm_config) -> str:
+    """The shared DRAM pool's file: one per engine (``engine_id`` is per engine)."""
+    engine = vllm_config.kv_transfer_config.engine_id
+    return os.path.join("/dev/shm", f"saria-pool-{os.getuid()}-{engine}")

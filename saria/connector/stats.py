@@ -1,0 +1,156 @@
+"""Metrics of the connector: vLLM's stats hooks and a Prometheus endpoint.
+
+``SariaKVConnectorStats`` carries counter *increments* since the previous
+call (vLLM sums the objects of a logging interval with ``aggregate``); the
+scheduler side contributes the cache's counters, each worker its copy bytes.
+``SariaPromMetrics`` turns them into ``vllm:saria_*`` counters on vLLM's own
+``/metrics`` (``vllm serve``). ``serve_prometheus`` is the same data, plus
+gauges (DRAM use, SSD free space, write-budget use), on a port of its own for
+engines without vLLM's server (``metrics_port``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (KVConnectorPromMetrics,
+                                                                   KVConnectorStats)
+
+HELP = {
+    "dram_hit_blocks": "blocks loaded from saria's DRAM tier",
+    "ssd_hit_blocks": "blocks loaded from saria's SSD tier",
+    "dram_hit_bytes": "bytes loaded from saria's DRAM tier",
+    "ssd_hit_bytes": "bytes loaded from saria's SSD tier",
+    "stored_blocks": "new blocks stored into DRAM",
+    "promoted_blocks": "SSD hits kept in DRAM by promotion",
+    "dram_evictions": "blocks evicted from DRAM",
+    "ssd_evictions": "blocks evicted from the SSD",
+    "ssd_write_blocks": "blocks written to the SSD",
+    "ssd_write_failures": "SSD block writes that failed",
+    "ssd_read_failures": "SSD block reads that failed (checksum, I/O)",
+    "writes_dropped": "SSD writes dropped (queue full or no space)",
+    "load_ops": "load copies sent to the workers",
+    "store_ops": "store copies sent to the workers",
+    "load_failures": "load copies the workers failed",
+    "store_failures": "store copies the workers failed",
+    "hit_tokens": "prompt tokens served by saria",
+    "query_tokens": "prompt tokens looked up in saria",
+    "bytes_loaded": "bytes the workers copied from the pool into the KV cache",
+    "bytes_stored": "bytes the workers copied from the KV cache into the pool",
+}
+
+
+@dataclass
+class SariaKVConnectorStats(KVConnectorStats):
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> "SariaKVConnectorStats":
+        for k, v in (other.data or {}).items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+def cumulative(sched) -> dict[str, int]:
+    """The scheduler side's counters since start (cache, store, connector)."""
+    c = sched.cache
+    s = c.stats
+    slot = c.cfg.block_bytes
+    out = {"dram_hit_blocks": s.hit_blocks["DRAM"], "ssd_hit_blocks": s.hit_blocks["SSD"],
+           "dram_hit_bytes": s.hit_blocks["DRAM"] * slot,
+           "ssd_hit_bytes": s.hit_blocks["SSD"] * slot,
+           "stored_blocks": s.stored_blocks, "promoted_blocks": s.promoted_blocks,
+           "dram_evictions": s.dram_evictions, "ssd_evictions": s.ssd_evictions,
+           "ssd_write_blocks": s.ssd_write_blocks, "ssd_write_failures": s.ssd_write_failures,
+           "ssd_read_failures": s.ssd_read_failures, "writes_dropped": s.writes_dropped}
+    out.update({k: sched.counters[k] for k in ("load_ops", "store_ops", "load_failures",
+                                               "store_failures", "hit_tokens", "query_tokens")})
+    if c.ssd is not None:
+        for i, d in enumerate(c.ssd.stats()["drives"]):
+            out[f"ssd_bytes_written_drive{i}"] = int(d["bytes_written"])
+            out[f"ssd_bytes_read_drive{i}"] = int(d["bytes_read"])
+    return out
+
+
+class Deltas:
+    """Increments of a cumulative counter dict between calls."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, int] = {}
+
+    def take(self, now: dict[str, int]) -> SariaKVConnectorStats:
+        d = {k: v - self._last.get(k, 0) for k, v in now.items()}
+        self._last = dict(now)
+        return SariaKVConnectorStats(data={k: v for k, v in d.items() if v})
+
+
+def gauges(sched) -> dict[str, float]:
+    c = sched.cache
+    out = {"dram_used_slots": c.pool.used_slots, "dram_slots": c.pool.num_slots}
+    if c.ssd is not None:
+        st = c.ssd.stats()
+        tot = st["total"]
+        out.update(ssd_free_slots=tot["free_slots"], ssd_slots=tot["capacity_slots"],
+                   ssd_failed_drives=tot["failed_drives"])
+        days = max(time.monotonic() - sched.started, 1.0) / 86400
+        budget = sched.cfg.dwpd * sched.cfg.ssd_bytes * len(st["drives"]) * days
+        out["ssd_write_budget_used"] = tot["bytes_written"] / budget if budget else 0.0
+    return out
+
+
+class SariaPromMetrics(KVConnectorPromMetrics):
+    """``vllm:saria_<counter>`` counters on vLLM's own Prometheus registry."""
+
+    def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters: dict[str, dict[int, Any]] = {}
+
+    def _counter(self, key: str, engine_idx: int):
+        per = self._counters.get(key)
+        if per is None:
+            c = self._counter_cls(name=f"vllm:saria_{key}", documentation=HELP.get(
+                key, key.replace("_", " ")), labelnames=self._labelnames)
+            per = self._counters[key] = {i: c.labels(*v) for i, v in
+                                         self.per_engine_labelvalues.items()}
+        return per[engine_idx]
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for k, v in transfer_stats_data.items():
+            if isinstance(v, (int, float)) and v > 0:
+                self._counter(k, engine_idx).inc(v)
+
+
+def serve_prometheus(sched, port: int):
+    """Serves the scheduler's metrics on ``http://0.0.0.0:port/metrics``."""
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    class _Collector:
+        def collect(self):
+            for k, v in cumulative(sched).items():
+                m = CounterMetricFamily(f"saria_{k}", HELP.get(k, k.replace("_", " ")))
+                m.add_metric([], v)
+                yield m
+            for k, v in gauges(sched).items():
+                m = GaugeMetricFamily(f"saria_{k}", k.replace("_", " "))
+                m.add_metric([], v)
+                yield m
+
+    reg = CollectorRegistry()
+    reg.register(_Collector())
+    try:
+        return start_http_server(port, registry=reg)
+    except OSError as e:
+        from saria.errors import ConfigError
+
+        raise ConfigError("metrics_port", f"cannot serve on port {port}: {e.strerror}") from None

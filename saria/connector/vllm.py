@@ -1,0 +1,165 @@
+"""``SariaConnector``: saria as a vLLM v1 KV connector.
+
+    KVTransferConfig(kv_connector="SariaConnector",
+                     kv_connector_module_path="saria.connector.vllm",
+                     kv_role="kv_both",
+                     kv_connector_extra_config={"dram_bytes": "32GB",
+                                                "ssd_dirs": ["/nvme0/kv"],
+                                                "ssd_bytes": "2TB"})
+
+With saria installed, ``kv_connector="SariaConnector"`` alone also works: the
+``vllm.general_plugins`` entry point registers the name in every vLLM process.
+
+One instance per role: the SCHEDULER instance (``scheduler.py``) owns the
+index, policies and tiers; each WORKER instance (``worker.py``) copies pages
+between its KV cache and the shared DRAM pool. Settings: ``config.py``.
+Set ``kv_load_failure_policy="recompute"`` as well: saria already turns a
+failed SSD read into a shorter hit, but a failed worker copy is reported to
+vLLM as invalid blocks, which vLLM's default policy (``fail``) would turn into
+a failed request instead of a recomputation.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
+                                                                KVConnectorMetadata,
+                                                                KVConnectorRole)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from saria.connector.config import check_fits, parse_config
+from saria.connector.layout import geometry
+from saria.connector.meta import SariaMetadata
+from saria.connector.stats import SariaKVConnectorStats, SariaPromMetrics
+
+log = logging.getLogger("saria.connector")
+
+__all__ = ["SariaConnector", "register_vllm_plugin"]
+
+
+class SariaConnector(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        if kv_cache_config is None:
+            raise RuntimeError("SariaConnector needs vLLM's kv_cache_config (vLLM >= 0.32)")
+        self.cfg = parse_config(self._kv_transfer_config.kv_connector_extra_config)
+        if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            log.warning("saria: kv_load_failure_policy is %r; set 'recompute' so that a failed "
+                        "page copy is recomputed instead of failing the request",
+                        self._kv_transfer_config.kv_load_failure_policy)
+        self._scheduler = self._worker = None
+        rank = _tp_rank() if role == KVConnectorRole.WORKER else 0
+        geo = geometry(vllm_config, kv_cache_config, rank=rank)
+        check_fits(self.cfg, geo.slot_bytes, geo.block_size)
+        if role == KVConnectorRole.SCHEDULER:
+            from saria.connector.scheduler import SariaScheduler
+
+            self._scheduler = SariaScheduler(self.cfg, vllm_config, geo)
+            if self.cfg.metrics_port is not None:
+                from saria.connector.stats import serve_prometheus
+
+                serve_prometheus(self._scheduler, self.cfg.metrics_port)
+        else:
+            from saria.connector.worker import SariaWorker
+
+            self._worker = SariaWorker(self.cfg, vllm_config, geo)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a cache: nothing is lost when a block is not saved
+
+    # ------------------------------------------------------------ scheduler
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output) -> KVConnectorMetadata:
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output) -> None:
+        self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler.request_finished(request, block_ids)
+
+    def take_events(self):
+        return self._scheduler.take_events() if self.cfg.events else ()
+
+    # --------------------------------------------------------------- worker
+
+    def register_kv_caches(self, kv_caches) -> None:
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        self._worker.start_load_kv(self._meta())
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._worker.wait_for_layer_load(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        self._worker.save_kv_layer(self._meta(), layer_name)
+
+    def wait_for_save(self) -> None:
+        self._worker.wait_for_save(self._meta())
+
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        self._worker.handle_preemptions()
+
+    def get_finished(self, finished_req_ids):
+        return self._worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.get_block_ids_with_load_errors()
+
+    def build_connector_worker_meta(self):
+        return self._worker.build_worker_meta()
+
+    # ---------------------------------------------------------------- both
+
+    def get_kv_connector_stats(self) -> SariaKVConnectorStats | None:
+        side = self._scheduler or self._worker
+        return side.take_stats() if side is not None else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None):
+        return SariaKVConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return SariaPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def shutdown(self) -> None:
+        side = self._scheduler or self._worker
+        if side is not None:
+            side.shutdown()
+
+    def _meta(self) -> SariaMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, SariaMetadata), type(meta)
+        return meta
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except Exception:  # noqa: BLE001 -- no TP group (single process): rank 0
+        return 0
+
+
+def register_vllm_plugin() -> None:
+    """``vllm.general_plugins`` entry point: makes ``kv_connector="SariaConnector"``
+    work without ``kv_connector_module_path``."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    if "SariaConnector" not in KVConnectorFactory._registry:
+        KVConnectorFactory.register_connector("SariaConnector", "saria.connector.vllm",
+                                              "SariaConnector")

