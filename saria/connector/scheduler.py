@@ -99,6 +99,7 @@ class SariaScheduler:
                          "load_ops": 0, "store_ops": 0, "store_failures": 0,
                          "load_failures": 0, "delayed_frees": 0}
         self.started = time.monotonic()
+        self.metrics_server = None
         self._deltas = Deltas()
         recovered = len(self.cache._recovered)
         log.info("saria scheduler: block %d tokens, slot %d B, DRAM %d slots, SSD %s "
@@ -222,6 +223,9 @@ class SariaScheduler:
         return self._deltas.take(cumulative(self))
 
     def shutdown(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
         self._reader.shutdown(wait=True)
         for st in self.reqs.values():
             self._unstage(st)

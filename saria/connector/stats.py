@@ -131,12 +131,20 @@ class SariaPromMetrics(KVConnectorPromMetrics):
 
 
 def serve_prometheus(sched, port: int):
-    """Serves the scheduler's metrics on ``http://0.0.0.0:port/metrics``."""
+    """Serves the scheduler's metrics on ``http://0.0.0.0:port/metrics``; returns
+    the server (``shutdown()`` stops it)."""
+    import weakref
+
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+    ref = weakref.ref(sched)  # the server thread must not keep the cache alive
+
     class _Collector:
         def collect(self):
+            sched = ref()
+            if sched is None:
+                return
             for k, v in cumulative(sched).items():
                 m = CounterMetricFamily(f"saria_{k}", HELP.get(k, k.replace("_", " ")))
                 m.add_metric([], v)
@@ -149,7 +157,8 @@ def serve_prometheus(sched, port: int):
     reg = CollectorRegistry()
     reg.register(_Collector())
     try:
-        return start_http_server(port, registry=reg)
+        server, _ = start_http_server(port, registry=reg)
+        return server
     except OSError as e:
         from saria.errors import ConfigError
 

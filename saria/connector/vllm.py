@@ -62,7 +62,8 @@ class SariaConnector(KVConnectorBase_V1):
             if self.cfg.metrics_port is not None:
                 from saria.connector.stats import serve_prometheus
 
-                serve_prometheus(self._scheduler, self.cfg.metrics_port)
+                self._scheduler.metrics_server = serve_prometheus(self._scheduler,
+                                                                  self.cfg.metrics_port)
         else:
             from saria.connector.worker import SariaWorker
 

@@ -1,0 +1,80 @@
+"""kv_connector_extra_config validation: every bad value names its key."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from saria.connector.config import KEYS, check_fits, parse_config
+from saria.connector.layout import Geometry
+from saria.errors import ConfigError
+
+
+def test_defaults_and_sizes_with_units(tmp_path):
+    c = parse_config({"dram_bytes": "2GiB", "ssd_dirs": [str(tmp_path)], "ssd_bytes": "1MB"})
+    assert c.dram_bytes == 2 << 30 and c.ssd_bytes == 1_000_000 and c.has_ssd
+    assert (c.admission, c.promotion, c.hash_algo, c.hash_seed) == \
+        ("saria", "lazy", "sha256_cbor", "vllm-none-hash")
+
+
+@pytest.mark.parametrize("extra, key, text", [
+    ({}, "dram_bytes", "is required"),
+    ({"dram_bytes": "1GB", "dram_bytez": 3}, "dram_bytez", "unknown key"),
+    ({"dram_bytes": "lots"}, "dram_bytes", "cannot parse"),
+    ({"dram_bytes": "1PB"}, "dram_bytes", "more than this machine"),
+    ({"dram_bytes": -5}, "dram_bytes", ""),
+    ({"dram_bytes": "1GB", "ssd_dirs": "/tmp"}, "ssd_dirs", "list"),
+    ({"dram_bytes": "1GB", "ssd_dirs": ["/tmp/a", "/tmp/a"]}, "ssd_dirs", "twice"),
+    ({"dram_bytes": "1GB", "ssd_dirs": ["/proc/no/such"], "ssd_bytes": "1GB"}, "ssd_dirs",
+     "cannot create"),
+    ({"dram_bytes": "1GB", "ssd_bytes": "-1GB"}, "ssd_bytes", ""),
+    ({"dram_bytes": "1GB", "hash_algo": "md5"}, "hash_algo", ""),
+    ({"dram_bytes": "1GB", "hash_seed": 1.5}, "hash_seed", ""),
+    ({"dram_bytes": "1GB", "admission": "E0"}, "admission", ""),
+    ({"dram_bytes": "1GB", "promotion": "eager"}, "promotion", ""),
+    ({"dram_bytes": "1GB", "promotion_r": 2}, "promotion_r", ""),
+    ({"dram_bytes": "1GB", "write_queue": 0}, "write_queue", ""),
+    ({"dram_bytes": "1GB", "events": "yes"}, "events", ""),
+    ({"dram_bytes": "1GB", "metrics_port": 70000}, "metrics_port", ""),
+    ({"dram_bytes": "1GB", "dwpd": 0}, "dwpd", ""),
+    ({"dram_bytes": "1GB", "config_file": "/no/such.json"}, "config_file", "cannot read"),
+])
+def test_bad_values_name_their_key(extra, key, text):
+    with pytest.raises(ConfigError, match=f"^{key}: .*{text}"):
+        parse_config(extra)
+
+
+def test_ssd_that_cannot_fit_names_ssd_bytes(tmp_path):
+    with pytest.raises(ConfigError, match="^ssd_bytes: .* does not fit"):
+        parse_config({"dram_bytes": "1GB", "ssd_dirs": [str(tmp_path)], "ssd_bytes": "1000PB"})
+
+
+def test_config_file_with_inline_override(tmp_path):
+    f = tmp_path / "saria.json"
+    f.write_text(json.dumps({"dram_bytes": "1GB", "admission": "E2"}))
+    c = parse_config({"config_file": str(f), "admission": "full-duplicate"})
+    assert c.dram_bytes == 10**9 and c.admission == "full-duplicate"
+    f.write_text('{"dram_bytes": "1GB",\n "nope": }')
+    with pytest.raises(ConfigError, match=r"^config_file: .*saria.json:2: not valid JSON"):
+        parse_config({"config_file": str(f)})
+
+
+def test_sizes_checked_against_the_models_block():
+    c = parse_config({"dram_bytes": 1000})
+    with pytest.raises(ConfigError, match="^dram_bytes: 1,000 B cannot hold one 16-token block"):
+        check_fits(c, 65536, 16)
+
+
+def test_store_namespace_separates_what_pages_depend_on():
+    g = Geometry(32, 16384, ("l0", "l1"), 1, 0, 100, "torch.bfloat16", "m", "LBHNC/cpu")
+    ns = g.namespace("sha256_cbor", "s")
+    assert ns == g.namespace("sha256_cbor", "s")
+    for other in (g.namespace("sha256_cbor", "t"), g.namespace("xxhash_cbor", "s"),
+                  Geometry(32, 16384, ("l0", "l1"), 1, 0, 100, "torch.float32", "m",
+                           "LBHNC/cpu").namespace("sha256_cbor", "s"),
+                  Geometry(32, 16384, ("l0", "l1"), 2, 0, 100, "torch.bfloat16", "m",
+                           "LBHNC/cpu").namespace("sha256_cbor", "s")):
+        assert other != ns
+    assert set(KEYS) >= {"dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "admission",
+                         "promotion", "hash_algo"}

@@ -1,0 +1,36 @@
+"""A new engine process with the same SSD directory and hash seed hits what
+the first one persisted; the first runs vLLM's real multi-process layout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vllm_harness import generate, model_dir, prompts, engine
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run(model: str, ssd: str, mp: str) -> dict:
+    p = subprocess.run([sys.executable, os.path.join(HERE, "connector_child.py"), model, ssd, mp],
+                       capture_output=True, text=True, timeout=600)
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+    assert p.returncode == 0 and line, p.stderr[-3000:]
+    return json.loads(line[-1][7:])
+
+
+def test_new_process_hits_what_the_first_persisted(tmp_path_factory, tmp_path):
+    model = model_dir(tmp_path_factory)
+    a, _ = prompts(0)
+    with engine(model) as llm:
+        want = generate(llm, a)[0]
+    ssd = str(tmp_path / "ssd")
+    first = _run(model, ssd, "1")      # scheduler and worker in separate processes
+    assert first["tokens"] == want and first["cached"] == 0
+    assert first["again"] == [want, 288]  # DRAM hit through the shared pool across processes
+    second = _run(model, ssd, "0")
+    assert second["tokens"] == want and second["cached"] == 288   # from the SSD, cold DRAM
