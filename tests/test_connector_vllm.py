@@ -50,6 +50,18 @@ def test_dram_hit_skips_prefill_and_keeps_outputs(model, baseline, tmp_path):
         assert s.counters["load_failures"] == s.counters["store_failures"] == 0
 
 
+def test_request_ending_in_its_store_step_keeps_its_blocks_until_saved(model, baseline):
+    """max_tokens=1: the request finishes in the step that stores its
+    blocks, so vLLM must not free them before the worker's copy is done."""
+    a, want_a = baseline["a"]
+    with engine(model, {"dram_bytes": 64 * SLOT}) as llm:
+        assert generate(llm, a, max_tokens=1) == (want_a[:1], 0)
+        s = sched(llm)
+        assert s.counters["delayed_frees"] == 1
+        assert not s._pending_stores                    # committed since
+        assert generate(llm, a) == (want_a, 288)
+
+
 def test_ssd_hit_when_dram_cannot_keep_the_prefix(model, baseline, tmp_path):
     a, want_a = baseline["a"]
     extra = {"dram_bytes": 12 * SLOT, "ssd_dirs": [str(tmp_path / "ssd")],
@@ -64,8 +76,9 @@ def test_ssd_hit_when_dram_cannot_keep_the_prefix(model, baseline, tmp_path):
         assert plan.blocks_from(Tier.SSD) == 9 and plan.blocks_from(Tier.DRAM) == 0
         before = s.cache.stats.hit_blocks["SSD"]
         assert generate(llm, a) == (want_a, 288)
-        assert s.cache.stats.hit_blocks["SSD"] > before
+        assert s.cache.stats.hit_blocks["SSD"] - before == 9
         assert s.cache.stats.ssd_read_failures == 0
+        assert s.counters["ssd_stages"] == 1 and s.counters["ssd_stage_us"] > 0
 
 
 def test_corrupt_ssd_pages_are_recomputed(model, baseline, tmp_path):

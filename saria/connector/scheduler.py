@@ -97,7 +97,8 @@ class SariaScheduler:
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="saria-ssd-stage")
         self.counters = {"lookups": 0, "hit_tokens": 0, "query_tokens": 0,
                          "load_ops": 0, "store_ops": 0, "store_failures": 0,
-                         "load_failures": 0, "delayed_frees": 0}
+                         "load_failures": 0, "delayed_frees": 0, "ssd_stages": 0,
+                         "ssd_stage_us": 0}
         self.started = time.monotonic()
         self.metrics_server = None
         self._deltas = Deltas()
@@ -127,7 +128,8 @@ class SariaScheduler:
             if plan.num_blocks <= local:
                 return 0, False
             if np.any(plan.tiers[local:plan.num_blocks] == Tier.SSD):
-                st.staging = self._reader.submit(self.cache.stage, keys, plan.num_blocks, local)
+                st.staging = self._reader.submit(self._stage_from_ssd, keys, plan.num_blocks,
+                                                 local)
                 return None, False
             st.staged = self.cache.stage(keys, plan.num_blocks, local)
         st.local = local
@@ -282,6 +284,13 @@ class SariaScheduler:
             for p in pos:
                 self._tokens_of[st.keys[p]] = (
                     tuple(r.all_token_ids[p * self.bs:(p + 1) * self.bs]), lora)
+
+    def _stage_from_ssd(self, keys, blocks: int, local: int) -> Staged:
+        t = time.perf_counter()
+        staged = self.cache.stage(keys, blocks, local)
+        self.counters["ssd_stages"] += 1
+        self.counters["ssd_stage_us"] += int((time.perf_counter() - t) * 1e6)
+        return staged
 
     def _finish(self, op_id: int, *, ok: bool) -> None:
         self._acks.pop(op_id, None)

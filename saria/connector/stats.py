@@ -37,6 +37,9 @@ HELP = {
     "store_failures": "store copies the workers failed",
     "hit_tokens": "prompt tokens served by saria",
     "query_tokens": "prompt tokens looked up in saria",
+    "ssd_stages": "SSD hits read into DRAM slots ahead of a load (background reads)",
+    "ssd_stage_us": "microseconds spent in those background SSD reads",
+    "delayed_frees": "finished requests whose block free waited for a store copy",
     "bytes_loaded": "bytes the workers copied from the pool into the KV cache",
     "bytes_stored": "bytes the workers copied from the KV cache into the pool",
 }
@@ -73,8 +76,8 @@ def cumulative(sched) -> dict[str, int]:
            "dram_evictions": s.dram_evictions, "ssd_evictions": s.ssd_evictions,
            "ssd_write_blocks": s.ssd_write_blocks, "ssd_write_failures": s.ssd_write_failures,
            "ssd_read_failures": s.ssd_read_failures, "writes_dropped": s.writes_dropped}
-    out.update({k: sched.counters[k] for k in ("load_ops", "store_ops", "load_failures",
-                                               "store_failures", "hit_tokens", "query_tokens")})
+    out.update(sched.counters)
+    out.pop("lookups", None)
     if c.ssd is not None:
         for i, d in enumerate(c.ssd.stats()["drives"]):
             out[f"ssd_bytes_written_drive{i}"] = int(d["bytes_written"])

@@ -117,14 +117,37 @@ class Copier:
         self._exec.shutdown(wait=True)
 
 
+def open_shared_pool(cfg: ConnectorConfig, vllm_config, geo: Geometry) -> DramPool:
+    """Creates or attaches the engine's shared DRAM pool; a pool that cannot
+    be made is a ``dram_bytes`` error (tmpfs too small, as in a container with
+    the default 64 MB /dev/shm)."""
+    import os
+
+    from saria.errors import ConfigError
+    from saria.tiers.dram import DramPoolError
+
+    path = pool_path(vllm_config)
+    n = cfg.dram_bytes // geo.slot_bytes
+    if not os.path.exists(path):
+        st = os.statvfs(os.path.dirname(path))
+        free = st.f_bavail * st.f_frsize
+        if n * geo.slot_bytes > free:
+            raise ConfigError("dram_bytes", f"{n * geo.slot_bytes:,} B does not fit in "
+                              f"{os.path.dirname(path)} ({free:,} B free); enlarge it (docker "
+                              "--shm-size) or lower dram_bytes")
+    try:
+        return DramPool(n, geo.slot_bytes, shared=path, prefault=False)
+    except DramPoolError as e:
+        raise ConfigError("dram_bytes", str(e)) from None
+
+
 class SariaWorker:
     """The WORKER role of ``SariaConnector``."""
 
     def __init__(self, cfg: ConnectorConfig, vllm_config, geo: Geometry) -> None:
         self.cfg = cfg
         self.geo = geo
-        self.pool = DramPool(cfg.dram_bytes // geo.slot_bytes, geo.slot_bytes,
-                             shared=pool_path(vllm_config), prefault=False)
+        self.pool = open_shared_pool(cfg, vllm_config, geo)
         self.copier: Copier | None = None
         self._lock = threading.Lock()
         self._checked_pool = False
