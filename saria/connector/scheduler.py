@@ -79,7 +79,8 @@ class SariaScheduler:
             block_bytes=geo.slot_bytes, dram_bytes=cfg.dram_bytes, ssd_dirs=dirs,
             ssd_bytes=cfg.ssd_bytes, admission=cfg.admission, promotion=cfg.promotion,
             promotion_r=cfg.promotion_r, write_queue=cfg.write_queue, events=cfg.events,
-            shared_pool=pool_path(vllm_config), max_blocks=_max_blocks(cfg, geo)))
+            shared_pool=pool_path(vllm_config), max_blocks=_max_blocks(cfg, geo),
+            pin=False))  # only the workers' mappings need page-locking (for DMA)
         # Workers mapped the pool before this side existed (vLLM creates the
         # worker connectors first); drop the name so nothing outlives the engine.
         self.pool_id = self.cache.pool.shared_id

@@ -264,37 +264,13 @@ class TieredCache:
         n = keys.shape[0]
         if data.shape != (n - start, self.cfg.block_bytes):
             raise ValueError(f"data must be ({n - start}, {self.cfg.block_bytes}) bytes")
-        with self._mu:
-            plan = self.index.match(keys)
-            masks = np.zeros(n, np.uint8)
-            masks[:plan.num_known] = plan.masks
-            pos = np.arange(start, n)
-            pos = pos[(masks[pos] & _DRAM) == 0]
-            # The request's known prefix stays locked until its new blocks are
-            # in: nothing on its path is evicted, and unlocking afterwards
-            # (a use) leaves the new, deeper blocks older than their ancestors.
-            self.index.lock(keys[:plan.num_known])
-            try:
-                if pos.size == 0:
-                    return 0
-                slots = self._dram_slots(pos.size, None)
-                pos = pos[: slots.size]
-                if pos.size == 0:
-                    return 0
-                self.pool.scatter(slots, data[pos - start])
-                self.index.add(keys[: int(pos[-1]) + 1], Tier.DRAM, slots, where=pos,
-                               session=session)
-                if self.events is not None:
-                    self.events.stored(Tier.DRAM, keys, pos)
-                self.stats.stored_blocks += int(pos.size)
-                if self.ssd is not None:
-                    want = self.admission.on_create(keys[pos], self.index.now())
-                    fresh = pos[want & ((masks[pos] & _SSD) == 0)]
-                    if fresh.size:
-                        self._submit_write(keys[fresh], data[fresh - start])
-                return int(pos.size)
-            finally:
-                self.index.unlock(keys[:plan.num_known])
+        # The copier-facing pair with the bytes in hand: the request's path
+        # stays locked until the new blocks are in, and the unlock (a use)
+        # leaves the new, deeper blocks older than their ancestors.
+        res = self.reserve(keys, start, session=session)
+        if res.num_blocks:
+            self.pool.scatter(res.slots, data[res.positions - start])
+        return self.commit(res)
 
     def promote(self, keys: np.ndarray, ssd_positions: np.ndarray, rows: np.ndarray,
                 dram_blocks: int) -> int:
