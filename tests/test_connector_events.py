@@ -50,6 +50,8 @@ def test_events_published_in_vllms_format_with_the_engines_hashes(model, tmp_pat
     events = []
     with engine(model, extra, kv_events_config=ev_cfg, enable_prefix_caching=True,
                 prefix_caching_hash_algo="sha256_cbor") as llm:
+        # the engine hashes sha256_cbor under saria's seed: its hashes are the keys
+        assert scheduler_connector(llm)._scheduler.engine_hashes
         time.sleep(0.5)  # let the subscription reach the publisher
         for p in (a, c, e):
             generate(llm, p)

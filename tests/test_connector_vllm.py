@@ -46,6 +46,7 @@ def test_dram_hit_skips_prefill_and_keeps_outputs(model, baseline, tmp_path):
         assert generate(llm, a) == (want_a, 288)               # 9 full blocks, never the last token
         assert generate(llm, b) == (want_b, 256)               # the shared 8-block prefix
         s = sched(llm)
+        assert not s.engine_hashes                     # vLLM's default sha256 (pickle): saria hashes
         assert s.cache.stats.hit_blocks == {"DRAM": 17, "SSD": 0}
         assert s.counters["load_failures"] == s.counters["store_failures"] == 0
 

@@ -67,7 +67,8 @@ class _Req:
 class SariaScheduler:
     """The SCHEDULER role of ``SariaConnector``."""
 
-    def __init__(self, cfg: ConnectorConfig, vllm_config, geo: Geometry) -> None:
+    def __init__(self, cfg: ConnectorConfig, vllm_config, geo: Geometry,
+                 kv_cache_config=None) -> None:
         self.cfg = cfg
         self.geo = geo
         self.bs = geo.block_size
@@ -86,6 +87,8 @@ class SariaScheduler:
         self.pool_id = self.cache.pool.shared_id
         self.cache.pool.unlink()
         self.hasher = BlockHasher(self.bs, cfg.hash_algo, cfg.hash_seed)
+        self._configs = (vllm_config, kv_cache_config)
+        self._engine_hashes: bool | None = None  # decided at the first request (see property)
         self.world = geo.tp_size
         self.reqs: dict[str, _Req] = {}
         self._ops = 0
@@ -108,6 +111,14 @@ class SariaScheduler:
                  "(%d blocks recovered), admission %s, promotion %s", self.bs,
                  geo.slot_bytes, self.cache.pool.num_slots,
                  ", ".join(dirs) if dirs else "off", recovered, cfg.admission, cfg.promotion)
+
+    @property
+    def engine_hashes(self) -> bool:
+        """Whether vLLM's ``request.block_hashes`` are saria's keys. Decided
+        lazily: EngineCore seeds vLLM's hash root after building the scheduler."""
+        if self._engine_hashes is None:
+            self._engine_hashes = _engine_hashes_match(self.hasher, *self._configs)
+        return self._engine_hashes
 
     # ------------------------------------------------------------- vLLM API
 
@@ -252,6 +263,11 @@ class SariaScheduler:
         if blocks <= have:
             return
         r = st.request
+        if self.engine_hashes and len(r.block_hashes) >= blocks:
+            # The engine hashed these blocks exactly as saria would (same
+            # algorithm, seed and block size): take its hashes, skip the work.
+            st.keys.extend(r.block_hashes[have:blocks])
+            return
         tokens = r.all_token_ids[have * self.bs: blocks * self.bs]
         lora = getattr(r, "lora_request", None)
         st.keys.extend(self.hasher.block_keys(
@@ -317,6 +333,22 @@ class SariaScheduler:
     def _next_op(self) -> int:
         self._ops += 1
         return self._ops
+
+
+def _engine_hashes_match(hasher: BlockHasher, vllm_config, kv_cache_config) -> bool:
+    """True when vLLM's ``request.block_hashes`` are saria's keys: the engine
+    hashes canonical CBOR with the same function and root (seed), per KV block."""
+    algo = getattr(vllm_config.cache_config, "prefix_caching_hash_algo", None)
+    if algo != hasher.algo or kv_cache_config is None:
+        return False
+    if (kv_cache_config.hash_block_size or hasher.block_size) != hasher.block_size:
+        return False
+    try:
+        from vllm.v1.core import kv_cache_utils
+
+        return bytes(kv_cache_utils.NONE_HASH) == hasher.root
+    except (ImportError, AttributeError, NameError):
+        return False
 
 
 def _max_blocks(cfg: ConnectorConfig, geo: Geometry) -> int:

@@ -58,7 +58,7 @@ class SariaConnector(KVConnectorBase_V1):
         if role == KVConnectorRole.SCHEDULER:
             from saria.connector.scheduler import SariaScheduler
 
-            self._scheduler = SariaScheduler(self.cfg, vllm_config, geo)
+            self._scheduler = SariaScheduler(self.cfg, vllm_config, geo, kv_cache_config)
             if self.cfg.metrics_port is not None:
                 from saria.connector.stats import serve_prometheus
 
