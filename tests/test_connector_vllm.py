@@ -63,6 +63,28 @@ def test_request_ending_in_its_store_step_keeps_its_blocks_until_saved(model, ba
         assert generate(llm, a) == (want_a, 288)
 
 
+def test_preempted_requests_resume_from_saria(model):
+    """40 KV blocks for 4 requests of 15 blocks each: vLLM preempts, frees a
+    request's blocks, and on resume saria loads what it stored; the outputs
+    equal an engine under the same squeeze without saria."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ps = [TokensPrompt(prompt_token_ids=prompts(i)[0]) for i in range(4)]
+    sp = SamplingParams(temperature=0, max_tokens=180, ignore_eos=True)
+    outs = []
+    for extra in (None, {"dram_bytes": 256 * SLOT}):
+        with engine(model, extra, num_gpu_blocks_override=40, max_model_len=512,
+                    max_num_seqs=4) as llm:
+            outs.append([list(o.outputs[0].token_ids)
+                         for o in llm.generate(ps, sp, use_tqdm=False)])
+            if extra:
+                s = sched(llm)
+                assert s.counters["load_ops"] >= 1 and s.cache.stats.hit_blocks["DRAM"] > 0
+                assert s.counters["load_failures"] == s.counters["store_failures"] == 0
+    assert outs[0] == outs[1]
+
+
 def test_ssd_hit_when_dram_cannot_keep_the_prefix(model, baseline, tmp_path):
     a, want_a = baseline["a"]
     extra = {"dram_bytes": 12 * SLOT, "ssd_dirs": [str(tmp_path / "ssd")],

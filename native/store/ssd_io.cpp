@@ -252,7 +252,7 @@ void SsdStore::read(size_t k, const int64_t* handles, const uint8_t* keys, uint8
     });
     a = b;
   }
-  run_tasks(tasks);
+  run_tasks(tasks, /*urgent=*/true);  // reads jump queued background writes
 }
 
 size_t SsdStore::free(size_t k, const int64_t* handles) {

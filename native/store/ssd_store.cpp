@@ -33,20 +33,25 @@ ThreadPool::~ThreadPool() {
   cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
-void ThreadPool::submit(std::function<void()> f) {
+void ThreadPool::submit(std::function<void()> f, bool urgent) {
   {
     std::lock_guard<std::mutex> g(m_);
-    q_.push_back(std::move(f));
+    (urgent ? urgent_ : q_).push_back(std::move(f));
   }
   cv_.notify_one();
 }
-bool ThreadPool::try_run_one() {
+bool ThreadPool::pop(std::function<void()>& f, bool urgent_only) {
+  auto& q = !urgent_.empty() ? urgent_ : q_;
+  if (q.empty() || (urgent_only && &q != &urgent_)) return false;
+  f = std::move(q.front());
+  q.pop_front();
+  return true;
+}
+bool ThreadPool::try_run_one(bool urgent_only) {
   std::function<void()> f;
   {
     std::lock_guard<std::mutex> g(m_);
-    if (q_.empty()) return false;
-    f = std::move(q_.front());
-    q_.pop_front();
+    if (!pop(f, urgent_only)) return false;
   }
   f();
   return true;
@@ -56,16 +61,14 @@ void ThreadPool::loop() {
     std::function<void()> f;
     {
       std::unique_lock<std::mutex> lk(m_);
-      cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
-      if (q_.empty()) return;
-      f = std::move(q_.front());
-      q_.pop_front();
+      cv_.wait(lk, [&] { return stop_ || !q_.empty() || !urgent_.empty(); });
+      if (!pop(f, false)) return;
     }
     f();
   }
 }
 
-void SsdStore::run_tasks(std::vector<std::function<void()>>& tasks) {
+void SsdStore::run_tasks(std::vector<std::function<void()>>& tasks, bool urgent) {
   if (tasks.empty()) return;
   if (tasks.size() == 1 || !pool_) {
     for (auto& t : tasks) t();
@@ -85,10 +88,10 @@ void SsdStore::run_tasks(std::vector<std::function<void()>>& tasks) {
         std::lock_guard<std::mutex> g(latch->m);
         latch->cv.notify_all();
       }
-    });
+    }, urgent);
   }
   // The caller works too, then waits for the tasks the workers took.
-  while (latch->left.load() > 0 && pool_->try_run_one()) {
+  while (latch->left.load() > 0 && pool_->try_run_one(urgent)) {
   }
   std::unique_lock<std::mutex> lk(latch->m);
   latch->cv.wait(lk, [&] { return latch->left.load() == 0; });

@@ -156,16 +156,22 @@ class ThreadPool {
  public:
   explicit ThreadPool(int n);
   ~ThreadPool();
-  void submit(std::function<void()> f);
-  bool try_run_one();  // run one queued task in the caller; false if none
+  // Two queues: urgent tasks (reads, which an engine waits for) are taken
+  // before normal ones (writes, which run in the background), so a read never
+  // queues behind a large write batch already in the pool.
+  void submit(std::function<void()> f, bool urgent = false);
+  // Run one queued task in the caller; false if none. An urgent caller only
+  // helps with urgent tasks, so it never picks up a write chunk.
+  bool try_run_one(bool urgent_only = false);
 
  private:
   void loop();
   std::vector<std::thread> workers_;
   std::mutex m_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> q_;
+  std::deque<std::function<void()>> q_, urgent_;
   bool stop_ = false;
+  bool pop(std::function<void()>& f, bool urgent_only);  // caller holds m_
 };
 
 struct Injection {
@@ -248,7 +254,7 @@ class SsdStore {
   // allocator helpers (meta_ held)
   void take_run(Drive& dr, uint32_t want, std::vector<std::pair<uint32_t, uint32_t>>* runs, uint32_t* got);
   void give_back(Drive& dr, uint32_t start, uint32_t len);
-  void run_tasks(std::vector<std::function<void()>>& tasks);
+  void run_tasks(std::vector<std::function<void()>>& tasks, bool urgent = false);
   void check_open() const;
 
   StoreOptions opt_;

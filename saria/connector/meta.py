@@ -40,6 +40,8 @@ class SariaMetadata(KVConnectorMetadata):
     # requests whose block free the scheduler delayed: report each in
     # finished_sending once its store ops are done
     delayed: list[str] = field(default_factory=list)
+    # requests vLLM preempted this step: their blocks may be handed out again
+    preempted: list[str] = field(default_factory=list)
     # identity of the shared pool the scheduler mapped (device, inode)
     pool_id: tuple[int, int] | None = None
 

@@ -169,10 +169,10 @@ class SariaScheduler:
         else:
             self._unstage(st)
         st.stored = max(st.stored, local + n_ext)
+        self.counters["hit_tokens"] += n_ext * self.bs  # resumed requests too
         if not st.recorded:
             st.recorded = True
             self.counters["query_tokens"] += request.num_tokens
-            self.counters["hit_tokens"] += n_ext * self.bs
             n = min(len(st.keys), (request.num_tokens - 1) // self.bs)
             if n:
                 self.cache.record_access(keys_to_array(st.keys[:n]), hits=local + n_ext)
@@ -199,6 +199,7 @@ class SariaScheduler:
             self._plan_store(st, rid, cached.num_computed_tokens[i]
                              + so.num_scheduled_tokens[rid], stores)
         meta = SariaMetadata(loads=self._loads, stores=stores, delayed=self._delayed,
+                             preempted=sorted(getattr(so, "preempted_req_ids", None) or ()),
                              pool_id=self.pool_id)
         self._loads, self._delayed = [], []
         return meta

@@ -111,7 +111,8 @@ class SariaConnector(KVConnectorBase_V1):
         self._worker.wait_for_save(self._meta())
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
-        self._worker.handle_preemptions()
+        if isinstance(kv_connector_metadata, SariaMetadata):
+            self._worker.handle_preemptions(kv_connector_metadata)
 
     def get_finished(self, finished_req_ids):
         return self._worker.get_finished(finished_req_ids)
