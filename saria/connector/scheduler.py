@@ -55,6 +55,7 @@ log = logging.getLogger("saria.connector")
 class _Req:
     request: object
     keys: list[bytes] = field(default_factory=list)
+    key_array: np.ndarray = field(default_factory=lambda: keys_to_array([]))  # == keys, stacked
     block_ids: list[int] = field(default_factory=list)
     stored: int = 0                    # blocks below this need no store op
     staged: Staged | None = None
@@ -99,7 +100,7 @@ class SariaScheduler:
         self._acks: dict[int, int] = {}
         self._tokens_of: dict[bytes, tuple[tuple[int, ...], object]] = {}
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="saria-ssd-stage")
-        self.counters = {"lookups": 0, "hit_tokens": 0, "query_tokens": 0,
+        self.counters = {"hit_tokens": 0, "query_tokens": 0,
                          "load_ops": 0, "store_ops": 0, "store_failures": 0,
                          "load_failures": 0, "delayed_frees": 0, "ssd_stages": 0,
                          "ssd_stage_us": 0}
@@ -134,9 +135,8 @@ class SariaScheduler:
                 return None, False  # SSD read in flight: ask again later
             st.staged, st.staging = st.staging.result(), None
         if st.staged is None:
-            keys = keys_to_array(st.keys[:limit])
+            keys = st.key_array[:limit]
             plan = self.cache.lookup(keys)
-            self.counters["lookups"] += 1
             if plan.num_blocks <= local:
                 return 0, False
             if np.any(plan.tiers[local:plan.num_blocks] == Tier.SSD):
@@ -175,7 +175,7 @@ class SariaScheduler:
             self.counters["query_tokens"] += request.num_tokens
             n = min(len(st.keys), (request.num_tokens - 1) // self.bs)
             if n:
-                self.cache.record_access(keys_to_array(st.keys[:n]), hits=local + n_ext)
+                self.cache.record_access(st.key_array[:n], hits=local + n_ext)
 
     def build_connector_meta(self, so) -> SariaMetadata:
         stores: list[CopyOp] = []
@@ -267,16 +267,21 @@ class SariaScheduler:
         if self.engine_hashes and len(r.block_hashes) >= blocks:
             # The engine hashed these blocks exactly as saria would (same
             # algorithm, seed and block size): take its hashes, skip the work.
-            st.keys.extend(r.block_hashes[have:blocks])
-            return
-        tokens = r.all_token_ids[have * self.bs: blocks * self.bs]
-        lora = getattr(r, "lora_request", None)
-        st.keys.extend(self.hasher.block_keys(
-            tokens, cache_salt=None if have else getattr(r, "cache_salt", None),
-            lora_name=lora.lora_name if lora else None,
-            lora_path=(lora.lora_path or "") if lora else "",
-            mm_features=getattr(r, "mm_features", None) or None,
-            parent=st.keys[-1] if have else None, start=have * self.bs if have else None))
+            new = list(r.block_hashes[have:blocks])
+        else:
+            tokens = r.all_token_ids[have * self.bs: blocks * self.bs]
+            lora = getattr(r, "lora_request", None)
+            new = self.hasher.block_keys(
+                tokens, cache_salt=None if have else getattr(r, "cache_salt", None),
+                lora_name=lora.lora_name if lora else None,
+                lora_path=(lora.lora_path or "") if lora else "",
+                mm_features=getattr(r, "mm_features", None) or None,
+                parent=st.keys[-1] if have else None, start=have * self.bs if have else None)
+        if new:
+            # Each key is converted once: lookups, accesses and store plans
+            # slice this array for the request's whole life.
+            st.keys.extend(new)
+            st.key_array = np.concatenate([st.key_array, keys_to_array(new)])
 
     def _plan_store(self, st: _Req, rid: str, done_tokens: int, out: list[CopyOp]) -> None:
         if not st.cacheable:
@@ -286,8 +291,7 @@ class SariaScheduler:
         full = min(full, len(st.keys), len(st.block_ids))
         if full <= st.stored:
             return
-        keys = keys_to_array(st.keys[:full])
-        res = self.cache.reserve(keys, st.stored)
+        res = self.cache.reserve(st.key_array[:full], st.stored)
         st.stored = full
         if res.num_blocks == 0:
             return

@@ -77,7 +77,6 @@ def cumulative(sched) -> dict[str, int]:
            "ssd_write_blocks": s.ssd_write_blocks, "ssd_write_failures": s.ssd_write_failures,
            "ssd_read_failures": s.ssd_read_failures, "writes_dropped": s.writes_dropped}
     out.update(sched.counters)
-    out.pop("lookups", None)
     if c.ssd is not None:
         for i, d in enumerate(c.ssd.stats()["drives"]):
             out[f"ssd_bytes_written_drive{i}"] = int(d["bytes_written"])

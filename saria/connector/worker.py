@@ -22,11 +22,9 @@ and the forward compete for the same cores anyway.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import numpy as np
 import torch
 
 from saria.connector.config import ConnectorConfig
@@ -159,11 +157,9 @@ class SariaWorker:
         self.geo = geo
         self.pool = open_shared_pool(cfg, vllm_config, geo)
         self.copier: Copier | None = None
-        self._lock = threading.Lock()
         self._checked_pool = False
-        self._load_futs: dict[int, list[tuple[CopyOp, Future]]] = defaultdict(list)
-        self._saved_layers: set[int] = set()
-        self._step_stores: list[CopyOp] = []
+        self._load_futs: dict[int, list[Future]] = defaultdict(list)  # layer -> its loads
+        self._saved_layers: set[int] = set()  # layers whose stores this step are queued
         self._pending: dict[int, tuple[CopyOp, list[Future]]] = {}  # store op id -> futures
         self._loads_in_flight: list[tuple[CopyOp, list[Future]]] = []
         self._done = SariaWorkerMetadata()
@@ -196,7 +192,6 @@ class SariaWorker:
         self._meta = meta
         self._check_pool(meta)
         self._saved_layers.clear()
-        self._step_stores = list(meta.stores)
         self._delayed.update(meta.delayed)
 
     def start_load_kv(self, meta: SariaMetadata) -> None:
@@ -205,7 +200,7 @@ class SariaWorker:
             futs = []
             for layer in range(self.geo.num_layers):
                 f = self.copier.submit(op, layer, load=True)
-                self._load_futs[layer].append((op, f))
+                self._load_futs[layer].append(f)
                 futs.append(f)
             self._loads_in_flight.append((op, futs))
 
@@ -213,24 +208,20 @@ class SariaWorker:
         layer = self.copier.pages.name_index.get(layer_name) if self.copier else None
         if layer is None:
             return
-        for _, f in self._load_futs.pop(layer, ()):
+        for f in self._load_futs.pop(layer, ()):
             f.exception()  # wait; failures are collected in _finish_loads
 
     def save_kv_layer(self, meta: SariaMetadata, layer_name: str) -> None:
         self._begin(meta)
         layer = self.copier.pages.name_index.get(layer_name) if self.copier else None
-        if layer is None or not self._step_stores:
-            return
-        self._submit_stores(layer)
+        if layer is not None:
+            self._submit_stores(layer)
 
     def wait_for_save(self, meta: SariaMetadata) -> None:
         """Queues what no ``save_kv_layer`` call covered this step; does not wait."""
         self._begin(meta)
-        if self._step_stores:
-            for layer in range(self.geo.num_layers):
-                if layer not in self._saved_layers:
-                    self._submit_stores(layer)
-        self._step_stores = []
+        for layer in range(self.geo.num_layers):
+            self._submit_stores(layer)
         self._finish_loads()
 
     def handle_preemptions(self, meta: SariaMetadata) -> None:
@@ -275,8 +266,11 @@ class SariaWorker:
         self._checked_pool = True
 
     def _submit_stores(self, layer: int) -> None:
+        """Queues the step's store copies of `layer`, once per step."""
+        if layer in self._saved_layers:
+            return
         self._saved_layers.add(layer)
-        for op in self._step_stores:
+        for op in self._meta.stores:
             f = self.copier.submit(op, layer, load=False)
             self._pending.setdefault(op.op_id, (op, []))[1].append(f)
 
@@ -285,21 +279,22 @@ class SariaWorker:
             if len(futs) < self.geo.num_layers or not all(f.done() for f in futs):
                 continue
             del self._pending[op_id]
-            errs = [f.exception() for f in futs if f.exception() is not None]
-            if errs:
-                log.error("saria: storing op %d failed: %s", op_id, errs[0])
-                self._done.failed[op_id] += 1
-            else:
-                self._done.done[op_id] += 1
+            self._report(op, futs, "storing")
 
     def _finish_loads(self) -> None:
         for op, futs in self._loads_in_flight:
-            errs = [f.exception() for f in futs if f.exception() is not None]
-            if errs:
-                log.error("saria: loading op %d failed, vLLM recomputes: %s", op.op_id, errs[0])
-                self._load_errors.update(op.block_ids)
-                self._done.failed[op.op_id] += 1
-            else:
-                self._done.done[op.op_id] += 1
+            if not self._report(op, futs, "loading"):
+                self._load_errors.update(op.block_ids)  # vLLM recomputes them
         self._loads_in_flight = []
         self._load_futs.clear()
+
+    def _report(self, op: CopyOp, futs: list[Future], what: str) -> bool:
+        """Waits for an op's layer copies and records it done or failed for
+        the scheduler; True when every layer's copy succeeded."""
+        err = next((e for e in (f.exception() for f in futs) if e is not None), None)
+        if err is not None:
+            log.error("saria: %s op %d failed: %s", what, op.op_id, err)
+            self._done.failed[op.op_id] += 1
+            return False
+        self._done.done[op.op_id] += 1
+        return True

@@ -182,11 +182,7 @@ class TieredCache:
         """The reload plan of the longest prefix of `keys` held in DRAM or SSD."""
         with self._mu:
             self.stats.lookups += 1
-            plan = self.index.match(keys)
-            if self._recovered and plan.num_available < keys.shape[0]:
-                if self._adopt(keys, plan):
-                    plan = self.index.match(keys)
-            return plan
+            return self._match(keys)
 
     def record_access(self, keys: np.ndarray, *, hits: int) -> None:
         """Records that a request referenced `keys` (the first `hits` served
@@ -378,9 +374,7 @@ class TieredCache:
         lock only for bookkeeping: call it off the engine's critical path."""
         n = keys.shape[0] if blocks is None else min(blocks, keys.shape[0])
         with self._mu:
-            if self._recovered:
-                self.lookup(keys[:n])  # adopts recovered SSD blocks on the path
-            plan = self.index.match(keys[:n])
+            plan = self._match(keys[:n])
             n = plan.num_blocks
             path = keys[:n].copy()
             self.index.lock(path)
@@ -429,7 +423,7 @@ class TieredCache:
             pick = np.zeros(st.ssd_positions.size, bool)
             if promote and st.ssd_positions.size:
                 chosen = self.promotion.select(st.ssd_positions, st.num_blocks - st.ssd_positions.size)
-                pick[: chosen.size] = True  # select returns a prefix of the positions
+                pick = np.isin(st.ssd_positions, chosen)
                 plan = self.index.match(st.path)
                 ok = np.zeros(st.ssd_positions.size, bool)
                 inside = st.ssd_positions < plan.num_known
@@ -472,6 +466,15 @@ class TieredCache:
         self.close()
 
     # --------------------------------------------------------------- helpers
+
+    def _match(self, keys: np.ndarray) -> ReloadPlan:
+        """``index.match``, after adopting recovered SSD blocks that extend
+        the available prefix (a restart). Caller holds the lock."""
+        plan = self.index.match(keys)
+        if self._recovered and plan.num_available < keys.shape[0]:
+            if self._adopt(keys, plan):
+                plan = self.index.match(keys)
+        return plan
 
     def _adopt(self, keys: np.ndarray, plan: ReloadPlan) -> bool:
         """Puts recovered SSD blocks that extend the available prefix of
