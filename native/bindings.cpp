@@ -98,21 +98,27 @@ NB_MODULE(_native, m) {
             size_t n = keys.shape(0);
             std::vector<uint32_t> reuse(n), hits(n), dram_ev(n);
             std::vector<double> last(n);
+            std::vector<uint8_t> tiers(n), ckpt(n);
             uint32_t m;
             {
               nb::gil_scoped_release rel;
-              m = c.history(keys.data(), n, reuse.data(), hits.data(), dram_ev.data(), last.data());
+              m = c.history(keys.data(), n, reuse.data(), hits.data(), dram_ev.data(), last.data(),
+                            tiers.data(), ckpt.data());
             }
             size_t k = m;
             reuse.resize(k);
             hits.resize(k);
             dram_ev.resize(k);
             last.resize(k);
+            tiers.resize(k);
+            ckpt.resize(k);
             nb::dict d;
             d["reuse"] = to_numpy(std::move(reuse), {k});
             d["hits"] = to_numpy(std::move(hits), {k});
             d["dram_evictions"] = to_numpy(std::move(dram_ev), {k});
             d["last_access"] = to_numpy(std::move(last), {k});
+            d["tiers"] = to_numpy(std::move(tiers), {k});
+            d["checkpoints"] = to_numpy(std::move(ckpt), {k});
             return d;
           },
           "keys"_a)
@@ -189,6 +195,23 @@ NB_MODULE(_native, m) {
           "tier"_a, "count"_a, "cutoff"_a, "now"_a)
       .def(
           "slot_of", [](const RadixCore& c, OneKey key, int tier) { return c.slot_of(key.data(), tier); },
+          "key"_a, "tier"_a)
+      .def(
+          "path_slots",
+          [](const RadixCore& c, KeyArray keys, uint8_t tier_mask) {
+            size_t n = keys.shape(0);
+            std::vector<uint32_t> slots(n);
+            std::vector<int8_t> tiers(n);
+            uint32_t m = c.path_slots(keys.data(), n, tier_mask, slots.data(), tiers.data());
+            slots.resize(m);
+            tiers.resize(m);
+            return nb::make_tuple(to_numpy(std::move(slots), {size_t{m}}),
+                                  to_numpy(std::move(tiers), {size_t{m}}));
+          },
+          "keys"_a, "tier_mask"_a)
+      .def(
+          "ckpt_slot_of",
+          [](const RadixCore& c, OneKey key, int tier) { return c.ckpt_slot_of(key.data(), tier); },
           "key"_a, "tier"_a)
       .def("num_nodes", &RadixCore::num_nodes)
       .def("num_resident", &RadixCore::num_resident, "tier"_a)

@@ -1,7 +1,8 @@
 """One engine run in a fresh process, for tests/test_connector_restart.py.
 
     python connector_child.py MODEL SSD_DIR MP
-prints one JSON line: {"tokens": [...], "cached": n, "ssd_hits": n} for prompt A.
+prints one JSON line for prompt A, sent twice: {"out": [tokens, gaps], "cached": n,
+"again": [tokens, gaps], "again_cached": n}.
 MP=1 runs vLLM's default multi-process layout (scheduler and worker in two
 processes, sharing only the metadata and the /dev/shm pool).
 """
@@ -20,7 +21,8 @@ if __name__ == "__main__":
     extra = {"dram_bytes": "4MB", "ssd_dirs": [ssd], "ssd_bytes": "16MB",
              "admission": "full-duplicate", "hash_seed": "restart-test"}
     with engine(model, extra) as llm:
-        tokens, cached = generate(llm, a)
-        again = generate(llm, a)
-    print("RESULT " + json.dumps({"tokens": tokens, "cached": cached, "again": again}),
-          flush=True)
+        out, cached = generate(llm, a)
+        again, again_cached = generate(llm, a)
+    print("RESULT " + json.dumps({"out": [out.tokens, out.gaps], "cached": cached,
+                                  "again": [again.tokens, again.gaps],
+                                  "again_cached": again_cached}), flush=True)

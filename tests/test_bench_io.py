@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from saria.bench import io as bench_io
+from saria.bench.io import fio as bench_fio
 from saria.cli import bench_io_cmd
 
 RATIOS = ("ssd_write_vs_fio", "ssd_read_vs_fio", "dram_vs_memcpy",
@@ -89,7 +89,7 @@ def test_bench_io_with_fio(tmp_path, capsys):
 
 def test_bench_io_without_fio(tmp_path, capsys, monkeypatch):
     real_which = shutil.which
-    monkeypatch.setattr(bench_io.shutil, "which",
+    monkeypatch.setattr(bench_fio.shutil, "which",
                         lambda name, *a, **k: None if name == "fio" else real_which(name, *a, **k))
     out = tmp_path / "bench.json"
     rc = run_cli(["bench", "io", "--dir", str(tmp_path / "data"), "--json", str(out), *TINY])
@@ -105,7 +105,7 @@ def test_bench_io_without_fio(tmp_path, capsys, monkeypatch):
 
 
 def test_require_fio_fails_without_fio(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(bench_io.shutil, "which", lambda name, *a, **k: None)
+    monkeypatch.setattr(bench_fio.shutil, "which", lambda name, *a, **k: None)
     rc = run_cli(["bench", "io", "--dir", str(tmp_path), "--require-fio", *TINY])
     assert rc == 2
     assert "apt-get install fio" in capsys.readouterr().err

@@ -9,9 +9,8 @@ import urllib.request
 
 import pytest
 
-from vllm_harness import BS, engine, generate, model_dir, prompts, scheduler_connector
+from vllm_harness import BS, SLOT, engine, generate, model_dir, prompts, scheduler_connector
 
-SLOT = 2 * (2 * BS * 2 * 64 * 2)
 
 
 @pytest.fixture(scope="module")

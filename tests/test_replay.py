@@ -11,7 +11,6 @@ import subprocess
 import numpy as np
 import pytest
 
-from saria.errors import ConfigError
 from saria.sim.presets import get_preset
 from saria.sim.replay import make_setup, run_policy
 from saria.traces import bundled_trace, load_trace

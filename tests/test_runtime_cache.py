@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-import pytest
 
 from saria.index import Tier
 from saria.keys import BlockHasher, keys_to_array
@@ -35,9 +34,9 @@ def make(tmp_path, **kw) -> TieredCache:
 def request(cache: TieredCache, keys: np.ndarray) -> tuple[int, np.ndarray]:
     """One request: lookup, load (verified against the synthetic bytes), store the rest."""
     plan = cache.lookup(keys)
-    cache.record_access(keys, hits=plan.num_blocks)
+    cache.touch(keys, hits=plan.num_blocks)
     out = np.empty((plan.num_blocks, BB), np.uint8)
-    got = cache.load(keys, plan, out)
+    got = cache.load(keys, out, blocks=plan.num_blocks)
     assert (out[: got.blocks] == synthetic_rows(keys[: got.blocks], BB)).all()
     cache.store(keys, synthetic_rows(keys[got.blocks:], BB), start=got.blocks)
     return got.blocks, got.ssd_positions
@@ -52,7 +51,7 @@ def test_blocks_round_trip_through_dram_and_ssd(tmp_path):
         assert plan.blocks_from(Tier.SSD) > 0
         hit, from_ssd = request(cache, a)
         assert hit == 6 and from_ssd.size == plan.blocks_from(Tier.SSD)
-        assert cache.stats.ssd_write_blocks > 0 and cache.ssd.stats()["total"]["checksum_failures"] == 0
+        assert cache.stats.ssd_write_blocks > 0 and cache.backend.ssd.stats()["total"]["checksum_failures"] == 0
 
 
 def test_corrupted_ssd_block_is_a_miss_not_wrong_bytes(tmp_path):
@@ -65,14 +64,14 @@ def test_corrupted_ssd_block_is_a_miss_not_wrong_bytes(tmp_path):
         # Flip one payload byte of a's third block in the data file.
         handle = int(plan.slots[2])
         data = next((tmp_path / "d0").iterdir())
-        off = 4096 + handle * cache.ssd.slot_bytes + 64 + 100
+        off = 4096 + handle * cache.backend.ssd.slot_bytes + 64 + 100
         with open(data, "r+b") as f:
             f.seek(off)
             byte = f.read(1)
             f.seek(off)
             f.write(bytes([byte[0] ^ 0xFF]))
         out = np.zeros((6, BB), np.uint8)
-        got = cache.load(a, plan, out)
+        got = cache.load(a, out)
         assert got.blocks == 2 and got.failed == 1
         assert (out[:2] == synthetic_rows(a[:2], BB)).all()
         assert cache.stats.ssd_read_failures == 1
@@ -87,14 +86,14 @@ def test_restart_finds_persisted_blocks(tmp_path):
         plan = cache.lookup(a)
         assert plan.num_blocks == 6 and plan.blocks_from(Tier.SSD) == 6
         out = np.empty((6, BB), np.uint8)
-        assert cache.load(a, plan, out).blocks == 6
+        assert cache.load(a, out).blocks == 6
         assert (out == synthetic_rows(a, BB)).all()
         assert cache.stats.adopted_blocks == 6
 
 
 def test_full_write_queue_drops_writes_and_never_blocks(tmp_path):
     with make(tmp_path, write_mode="async", write_queue=1, admission="full-duplicate") as cache:
-        with cache._mu:  # the writer thread cannot take the lock: the queue stays full
+        with cache._lock:  # the writer thread cannot take the lock: the queue stays full
             for i in range(5):
                 keys = keys_for(10 + i, 1)
                 cache.store(keys, synthetic_rows(keys, BB))
@@ -105,7 +104,7 @@ def test_full_write_queue_drops_writes_and_never_blocks(tmp_path):
 
 def test_failed_ssd_writes_keep_the_cache_working(tmp_path):
     with make(tmp_path) as cache:
-        cache.ssd.inject_failure(0, "write", "ENOSPC", count=100)
+        cache.backend.ssd.inject_failure(0, "write", "ENOSPC", count=100)
         a = keys_for(1, 6)
         request(cache, a)
         request(cache, keys_for(2, 8))

@@ -1,4 +1,4 @@
-"""TieredCache's copier-facing calls (reserve/commit, stage/release), which the
+"""TieredCache's copier-facing calls (prepare/complete store, stage/release), which the
 vLLM connector drives while a worker process moves the bytes: the bytes a
 stage exposes are the bytes a commit accepted, whatever evictions, SSD round
 trips and failures happened in between -- checked by a hypothesis state
@@ -38,29 +38,29 @@ def make(tmp_path, **kw) -> TieredCache:
 
 def fill(cache: TieredCache, keys: np.ndarray, start: int = 0) -> int:
     """The worker's part of a store: copy the blocks' bytes into the reserved slots."""
-    res = cache.reserve(keys, start)
-    cache.pool.scatter(res.slots, synthetic_rows(res.path[res.positions], BB))
-    return cache.commit(res)
+    res = cache.prepare_store(keys, start)
+    cache.backend.pool.scatter(res.slots, synthetic_rows(res.keys, BB))
+    return cache.complete_store(res)
 
 
 def test_reserved_slots_are_locked_until_commit(tmp_path):
     with make(tmp_path, dram_bytes=4 * BB, ssd_dirs=()) as cache:
         a, b = chain(1, 3), chain(2, 3)
-        res = cache.reserve(a)
+        res = cache.prepare_store(a)
         assert res.num_blocks == 3
-        assert cache.reserve(b).num_blocks == 1        # only the free slot: a's are locked
-        cache.commit(res)
+        assert cache.prepare_store(b).num_blocks == 1        # only the free slot: a's are locked
+        cache.complete_store(res)
         assert cache.lookup(a).num_blocks == 3
 
 
 def test_failed_fill_leaves_no_trace(tmp_path):
     with make(tmp_path) as cache:
         a = chain(1, 3)
-        res = cache.reserve(a)
-        cache.commit(res, ok=False)
+        res = cache.prepare_store(a)
+        cache.complete_store(res, success=False)
         assert cache.lookup(a).num_blocks == 0
-        assert cache.pool.used_slots == 0
-        assert cache.ssd.stats()["total"]["blocks_written"] == 0   # admission never saw them
+        assert cache.backend.pool.used_slots == 0
+        assert cache.backend.ssd.stats()["total"]["blocks_written"] == 0   # admission never saw them
 
 
 def test_stage_reads_ssd_blocks_into_spare_slots_and_promotes(tmp_path):
@@ -73,7 +73,7 @@ def test_stage_reads_ssd_blocks_into_spare_slots_and_promotes(tmp_path):
         s = cache.stage(a)
         assert s.num_blocks == 4 and s.ssd_positions.tolist() == [0, 1, 2, 3]
         rows = np.empty((4, BB), np.uint8)
-        cache.pool.gather(s.slots, rows)
+        cache.backend.pool.gather(s.slots, rows)
         assert (rows == synthetic_rows(a, BB)).all()
         assert cache.release(s) == 4                   # promotion "full": kept, no copy
         assert cache.lookup(a).blocks_from(Tier.DRAM) == 4
@@ -92,7 +92,7 @@ def test_stage_stops_before_a_corrupt_ssd_block(tmp_path):
         cache.release(s)
         assert cache.lookup(a).num_blocks == 2         # the bad copy left the SSD tier
         # the spare slots all went back: only b's DRAM blocks hold slots
-        assert cache.pool.used_slots == cache.lookup(b).blocks_from(Tier.DRAM)
+        assert cache.backend.pool.used_slots == cache.lookup(b).blocks_from(Tier.DRAM)
 
 
 def test_events_follow_residency(tmp_path):
@@ -137,14 +137,14 @@ class ExternalCopyMachine(RuleBasedStateMachine):
         keys = self._keys(trunk, branch, n)
         s = self.cache.stage(keys)
         rows = np.empty((s.num_blocks, BB), np.uint8)
-        self.cache.pool.gather(s.slots, rows)
+        self.cache.backend.pool.gather(s.slots, rows)
         assert (rows == synthetic_rows(s.path, BB)).all()
         for k in s.path:
             assert bytes(k) in self.committed
-        res = self.cache.reserve(keys, s.num_blocks)
+        res = self.cache.prepare_store(keys, s.num_blocks)
         self.cache.release(s)
-        self.cache.pool.scatter(res.slots, synthetic_rows(res.path[res.positions], BB))
-        self.cache.commit(res, ok=not fail)
+        self.cache.backend.pool.scatter(res.slots, synthetic_rows(res.keys, BB))
+        self.cache.complete_store(res, success=not fail)
         if not fail:
             self.committed.update(bytes(k) for k in res.path[res.positions])
 
@@ -178,7 +178,7 @@ def test_shared_pool_is_one_memory_in_two_mappings(tmp_path):
 def _flip_payload(cache: TieredCache, handle: int) -> None:
     from saria.tiers.ssd import slot_bytes_for
 
-    d = cache.ssd.dirs[0]
+    d = cache.backend.ssd.dirs[0]
     (name,) = [f for f in os.listdir(d) if not f.startswith(".")]
     with open(os.path.join(d, name), "r+b") as f:
         off = 4096 + handle * slot_bytes_for(BB) + 64 + 100

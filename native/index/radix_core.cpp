@@ -114,7 +114,8 @@ MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint
 }
 
 uint32_t RadixCore::history(const uint8_t* keys, size_t n, uint32_t* reuse, uint32_t* hits,
-                            uint32_t* dram_evictions, double* last_access) const {
+                            uint32_t* dram_evictions, double* last_access, uint8_t* tiers,
+                            uint8_t* ckpt) const {
   std::vector<uint32_t> path;
   uint32_t m = walk(keys, n, &path);
   for (uint32_t i = 0; i < m; ++i) {
@@ -123,6 +124,8 @@ uint32_t RadixCore::history(const uint8_t* keys, size_t n, uint32_t* reuse, uint
     hits[i] = nd.hits;
     dram_evictions[i] = nd.dram_evictions;
     last_access[i] = nd.last_access;
+    tiers[i] = nd.tiers;
+    ckpt[i] = nd.ckpt;
   }
   return m;
 }
@@ -135,6 +138,26 @@ uint32_t RadixCore::slot_of(const uint8_t* key, int tier) const {
 }
 
 // -------------------------------------------------------------- mutations
+
+uint32_t RadixCore::path_slots(const uint8_t* keys, size_t n, uint8_t tier_mask,
+                               uint32_t* slots, int8_t* tiers) const {
+  std::vector<uint32_t> path;
+  uint32_t m = walk(keys, n, &path);
+  for (uint32_t i = 0; i < m; ++i) {
+    const Node& nd = nodes_[path[i]];
+    int t = lowest_tier(static_cast<uint8_t>(nd.tiers & tier_mask));
+    tiers[i] = static_cast<int8_t>(t);
+    slots[i] = t < 0 ? kNil : nd.slot[t];
+  }
+  return m;
+}
+
+uint32_t RadixCore::ckpt_slot_of(const uint8_t* key, int tier) const {
+  check_tier(tier);
+  uint32_t idx = find_key(load_key(key));
+  if (idx == kNil || !(nodes_[idx].ckpt & bit(tier))) return kNil;
+  return ckpts_.at(idx).slot[tier];
+}
 
 uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_t ckpt_at,
                           double now) {

@@ -128,11 +128,20 @@ class RadixCore {
   MatchResult match(const uint8_t* keys, size_t n, uint8_t* masks,
                     uint32_t* slots, uint8_t* ckpt_masks) const;
   // History of the known prefix of keys[0..n): per block reuse, hits, DRAM
-  // evictions and last access; returns how many blocks are known.
+  // evictions, last access, and the residency masks of its KV and its
+  // checkpoint; returns how many blocks are known.
   uint32_t history(const uint8_t* keys, size_t n, uint32_t* reuse, uint32_t* hits,
-                   uint32_t* dram_evictions, double* last_access) const;
+                   uint32_t* dram_evictions, double* last_access, uint8_t* tiers,
+                   uint8_t* ckpt) const;
   // Slot of one block in one tier, or kNil.
   uint32_t slot_of(const uint8_t* key, int tier) const;
+  // For each block of the known prefix of keys[0..n): the slot in the
+  // fastest tier of `tier_mask` holding it and that tier, or kNil and -1 when
+  // no tier of the mask holds it. Returns how many blocks are known.
+  uint32_t path_slots(const uint8_t* keys, size_t n, uint8_t tier_mask, uint32_t* slots,
+                      int8_t* tiers) const;
+  // Slot of the checkpoint after block `key` in `tier`, or kNil.
+  uint32_t ckpt_slot_of(const uint8_t* key, int tier) const;
 
   // --- mutations (all validate first and change nothing on error) -------
   // Records an access by a new request to the known prefix of keys[0..n):

@@ -47,7 +47,7 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
     std::lock_guard<std::mutex> g(meta_);
     std::vector<uint32_t> healthy;
     for (uint32_t d = 0; d < drives_.size(); ++d)
-      if (!drives_[d]->failed && drives_[d]->free_count > 0) healthy.push_back(d);
+      if (!drives_[d]->failed && drives_[d]->slots.free_count() > 0) healthy.push_back(d);
     if (!healthy.empty()) {
       // Stripe the batch over the healthy drives in contiguous chunks (one
       // sequential stream per drive), starting from a rotating drive; what a
@@ -62,8 +62,7 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
           Drive& dr = *drives_[d];
           size_t want = pass == 0 ? std::min(chunk, k - placed) : k - placed;
           got_runs.clear();
-          uint32_t got = 0;
-          take_run(dr, static_cast<uint32_t>(want), &got_runs, &got);
+          dr.slots.take(static_cast<uint32_t>(want), &got_runs);
           for (auto& [s, len] : got_runs) {
             // split into write units
             for (uint32_t o = 0; o < len; o += static_cast<uint32_t>(unit)) {
@@ -126,7 +125,7 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
           mark_failed(dr, e, "write of " + std::to_string(bytes) + " bytes at slot " + std::to_string(r.start) +
                                  " of " + dr.path + " failed: " + errstr(e));
         std::lock_guard<std::mutex> g(meta_);
-        give_back(dr, r.start + complete, r.len - complete);
+        dr.slots.give_back(r.start + complete, r.len - complete);
       }
     });
   }
@@ -148,7 +147,7 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
           if (handles[r.first + j] >= 0) {
             handles[r.first + j] = -1;
             dr.write_errors++;
-            give_back(dr, r.start + j, 1);
+            dr.slots.give_back(r.start + j, 1);
           }
         }
       }
@@ -270,11 +269,11 @@ size_t SsdStore::free(size_t k, const int64_t* handles) {
     while (d + 1 < drives_.size() && drives_[d + 1]->base <= static_cast<uint64_t>(h)) ++d;
     Drive& dr = *drives_[d];
     uint32_t slot = static_cast<uint32_t>(h - dr.base);
-    if (dr.fd < 0 || !dr.allocated[slot]) {
+    if (dr.fd < 0 || !dr.slots.allocated(slot)) {
       bad_frees_++;
       continue;
     }
-    give_back(dr, slot, 1);
+    dr.slots.give_back(slot, 1);
     ++n;
   }
   return n;

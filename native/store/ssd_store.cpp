@@ -20,84 +20,6 @@ namespace saria_store {
 using namespace detail;
 
 // ---------------------------------------------------------------------------
-// Thread pool
-// ---------------------------------------------------------------------------
-ThreadPool::ThreadPool(int n) {
-  for (int i = 0; i < n; ++i) workers_.emplace_back([this] { loop(); });
-}
-ThreadPool::~ThreadPool() {
-  {
-    std::lock_guard<std::mutex> g(m_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  for (auto& t : workers_) t.join();
-}
-void ThreadPool::submit(std::function<void()> f, bool urgent) {
-  {
-    std::lock_guard<std::mutex> g(m_);
-    (urgent ? urgent_ : q_).push_back(std::move(f));
-  }
-  cv_.notify_one();
-}
-bool ThreadPool::pop(std::function<void()>& f, bool urgent_only) {
-  auto& q = !urgent_.empty() ? urgent_ : q_;
-  if (q.empty() || (urgent_only && &q != &urgent_)) return false;
-  f = std::move(q.front());
-  q.pop_front();
-  return true;
-}
-bool ThreadPool::try_run_one(bool urgent_only) {
-  std::function<void()> f;
-  {
-    std::lock_guard<std::mutex> g(m_);
-    if (!pop(f, urgent_only)) return false;
-  }
-  f();
-  return true;
-}
-void ThreadPool::loop() {
-  for (;;) {
-    std::function<void()> f;
-    {
-      std::unique_lock<std::mutex> lk(m_);
-      cv_.wait(lk, [&] { return stop_ || !q_.empty() || !urgent_.empty(); });
-      if (!pop(f, false)) return;
-    }
-    f();
-  }
-}
-
-void SsdStore::run_tasks(std::vector<std::function<void()>>& tasks, bool urgent) {
-  if (tasks.empty()) return;
-  if (tasks.size() == 1 || !pool_) {
-    for (auto& t : tasks) t();
-    return;
-  }
-  struct Latch {
-    std::atomic<size_t> left;
-    std::mutex m;
-    std::condition_variable cv;
-  };
-  auto latch = std::make_shared<Latch>();
-  latch->left = tasks.size();
-  for (auto& t : tasks) {
-    pool_->submit([latch, f = std::move(t)] {
-      f();
-      if (latch->left.fetch_sub(1) == 1) {
-        std::lock_guard<std::mutex> g(latch->m);
-        latch->cv.notify_all();
-      }
-    }, urgent);
-  }
-  // The caller works too, then waits for the tasks the workers took.
-  while (latch->left.load() > 0 && pool_->try_run_one(urgent)) {
-  }
-  std::unique_lock<std::mutex> lk(latch->m);
-  latch->cv.wait(lk, [&] { return latch->left.load() == 0; });
-}
-
-// ---------------------------------------------------------------------------
 // Store: open, create, recover
 // ---------------------------------------------------------------------------
 SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
@@ -146,7 +68,7 @@ SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
   size_t usable = 0;
   for (size_t d = 0; d < drives_.size(); ++d) {
     Drive& dr = *drives_[d];
-    dr.allocated.assign(dr.n_slots, 0);
+    dr.slots.reset(dr.n_slots);
     try {
       open_drive(d, static_cast<uint32_t>(d));
       ++usable;
@@ -171,53 +93,29 @@ SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
   }
 
   // Recovery: scan every usable drive, keep the newest record per key.
-  std::vector<std::vector<std::tuple<uint64_t, uint32_t, std::array<uint8_t, 32>>>> found(drives_.size());
+  std::vector<std::vector<FoundRecord>> found(drives_.size());
   for (size_t d = 0; d < drives_.size(); ++d)
     if (drives_[d]->fd >= 0 && !drives_[d]->created) scan_drive(d, &found[d]);
-  struct Best {
-    uint64_t seq;
-    uint32_t drive, slot;
-  };
-  std::unordered_map<std::array<uint8_t, 32>, Best, KeyHash> best;
   uint64_t max_seq = 0;
-  for (size_t d = 0; d < drives_.size(); ++d) {
-    for (auto& [seq, slot, key] : found[d]) {
-      max_seq = std::max(max_seq, seq);
-      auto it = best.find(key);
-      if (it == best.end() || it->second.seq < seq) best[key] = Best{seq, static_cast<uint32_t>(d), slot};
-    }
-  }
+  std::vector<Survivor> survivors = newest_per_key(found, &max_seq);
   seq_ = max_seq + 1;
-  std::vector<uint64_t> cursor_seq(drives_.size(), 0);
-  recovered_.keys.reserve(best.size() * kKeyBytes);
-  for (auto& [key, b] : best) {
-    Drive& dr = *drives_[b.drive];
-    dr.allocated[b.slot] = 1;
+  std::vector<uint64_t> newest(drives_.size(), 0);
+  std::vector<uint32_t> cursor(drives_.size(), 0);
+  recovered_.keys.reserve(survivors.size() * kKeyBytes);
+  for (const Survivor& s : survivors) {
+    Drive& dr = *drives_[s.drive];
+    dr.slots.mark(s.slot);
     dr.recovered++;
-    recovered_.keys.insert(recovered_.keys.end(), key.begin(), key.end());
-    recovered_.handles.push_back(static_cast<int64_t>(dr.base + b.slot));
-    recovered_.seqs.push_back(b.seq);
-    if (b.seq >= cursor_seq[b.drive]) {
-      cursor_seq[b.drive] = b.seq;
-      dr.cursor = static_cast<uint32_t>((b.slot + 1) % dr.n_slots);  // the log goes on after its newest record
+    recovered_.keys.insert(recovered_.keys.end(), s.key.begin(), s.key.end());
+    recovered_.handles.push_back(static_cast<int64_t>(dr.base + s.slot));
+    recovered_.seqs.push_back(s.seq);
+    if (s.seq >= newest[s.drive]) {  // the log goes on after its newest record
+      newest[s.drive] = s.seq;
+      cursor[s.drive] = s.slot + 1;
     }
   }
-  for (auto& drp : drives_) {
-    Drive& dr = *drp;
-    if (dr.fd < 0) continue;
-    uint64_t s = 0;
-    while (s < dr.n_slots) {
-      if (dr.allocated[s]) {
-        ++s;
-        continue;
-      }
-      uint64_t e = s;
-      while (e < dr.n_slots && !dr.allocated[e]) ++e;
-      dr.free_runs[static_cast<uint32_t>(s)] = static_cast<uint32_t>(e - s);
-      dr.free_count += e - s;
-      s = e;
-    }
-  }
+  for (size_t d = 0; d < drives_.size(); ++d)
+    if (drives_[d]->fd >= 0) drives_[d]->slots.rebuild(cursor[d]);
 }
 
 SsdStore::~SsdStore() { close(); }
@@ -355,7 +253,7 @@ void SsdStore::open_drive(size_t d, uint32_t index) {
   }
 }
 
-void SsdStore::scan_drive(size_t d, std::vector<std::tuple<uint64_t, uint32_t, std::array<uint8_t, 32>>>* out) {
+void SsdStore::scan_drive(size_t d, std::vector<FoundRecord>* out) {
   Drive& dr = *drives_[d];
   // Header-only scans of big slots read just the first page of each slot.
   bool headers_only = !opt_.full_scan && slot_bytes_ > (64u << 10);
@@ -367,7 +265,7 @@ void SsdStore::scan_drive(size_t d, std::vector<std::tuple<uint64_t, uint32_t, s
   for (uint64_t s0 = 0; s0 < dr.n_slots; s0 += chunk_slots) {
     uint64_t n = std::min(chunk_slots, dr.n_slots - s0);
     tasks.push_back([&, s0, n] {
-      std::vector<std::tuple<uint64_t, uint32_t, std::array<uint8_t, 32>>> local;
+      std::vector<FoundRecord> local;
       uint64_t invalid = 0;
       try {
         if (headers_only) {
@@ -391,13 +289,7 @@ void SsdStore::scan_drive(size_t d, std::vector<std::tuple<uint64_t, uint32_t, s
               dr.read_errors++;
               continue;
             }
-            if (verify_slot(buf, slot, block_bytes_, false, nullptr) == Verdict::kOk) {
-              std::array<uint8_t, 32> k;
-              std::memcpy(k.data(), buf + 16, 32);
-              local.emplace_back(get64(buf + 48), slot, k);
-            } else if (std::memcmp(buf, kSlotMagic, 8) == 0) {
-              ++invalid;
-            }
+            invalid += find_records(buf, 1, slot, kAlign, block_bytes_, false, &local);
           }
         } else {
           size_t bytes = n * slot_bytes_;
@@ -419,18 +311,8 @@ void SsdStore::scan_drive(size_t d, std::vector<std::tuple<uint64_t, uint32_t, s
             io_err = e;
             dr.read_errors++;
           }
-          uint64_t full = got / slot_bytes_;
-          for (uint64_t j = 0; j < full; ++j) {
-            const uint8_t* s = buf + j * slot_bytes_;
-            uint32_t slot = static_cast<uint32_t>(s0 + j);
-            if (verify_slot(s, slot, block_bytes_, true, nullptr) == Verdict::kOk) {
-              std::array<uint8_t, 32> k;
-              std::memcpy(k.data(), s + 16, 32);
-              local.emplace_back(get64(s + 48), slot, k);
-            } else if (std::memcmp(s, kSlotMagic, 8) == 0) {
-              ++invalid;  // a record that does not verify: torn, corrupt
-            }
-          }
+          invalid += find_records(buf, got / slot_bytes_, static_cast<uint32_t>(s0), slot_bytes_,
+                                  block_bytes_, true, &local);
         }
       } catch (const std::bad_alloc&) {
         io_err = ENOMEM;
@@ -579,64 +461,11 @@ void SsdStore::check_open() const {
   if (closed_) throw std::runtime_error("the SSD store is closed");
 }
 
-// ---------------------------------------------------------------------------
-// Allocator (meta_ held)
-// ---------------------------------------------------------------------------
-void SsdStore::take_run(Drive& dr, uint32_t want, std::vector<std::pair<uint32_t, uint32_t>>* runs,
-                        uint32_t* got) {
-  *got = 0;
-  while (want > 0 && dr.free_count > 0) {
-    // Next fit from the cursor: the drive is written as a log, front to back,
-    // then again from the front into the space freed since.
-    auto it = dr.free_runs.upper_bound(dr.cursor);
-    if (it != dr.free_runs.begin()) {
-      auto pv = std::prev(it);
-      if (pv->first + pv->second > dr.cursor) it = pv;
-    }
-    if (it == dr.free_runs.end()) it = dr.free_runs.begin();
-    uint32_t s = it->first, len = it->second;
-    uint32_t from = (dr.cursor > s && dr.cursor < s + len) ? dr.cursor : s;
-    uint32_t take = std::min(want, s + len - from);
-    dr.free_runs.erase(it);
-    if (from > s) dr.free_runs[s] = from - s;
-    if (from + take < s + len) dr.free_runs[from + take] = s + len - (from + take);
-    if (!runs->empty() && runs->back().first + runs->back().second == from)
-      runs->back().second += take;
-    else
-      runs->emplace_back(from, take);
-    std::memset(&dr.allocated[from], 1, take);
-    dr.free_count -= take;
-    want -= take;
-    *got += take;
-    dr.cursor = from + take;
-    if (dr.cursor >= dr.n_slots) dr.cursor = 0;
-  }
-}
-
-void SsdStore::give_back(Drive& dr, uint32_t start, uint32_t len) {
-  if (len == 0) return;
-  std::memset(&dr.allocated[start], 0, len);
-  dr.free_count += len;
-  auto next = dr.free_runs.lower_bound(start);
-  if (next != dr.free_runs.end() && next->first == start + len) {
-    len += next->second;
-    next = dr.free_runs.erase(next);
-  }
-  if (next != dr.free_runs.begin()) {
-    auto pv = std::prev(next);
-    if (pv->first + pv->second == start) {
-      pv->second += len;
-      return;
-    }
-  }
-  dr.free_runs[start] = len;
-}
-
 uint64_t SsdStore::free_slots() {
   std::lock_guard<std::mutex> g(meta_);
   uint64_t n = 0;
   for (auto& d : drives_)
-    if (!d->failed) n += d->free_count;
+    if (!d->failed) n += d->slots.free_count();
   return n;
 }
 
@@ -654,7 +483,7 @@ std::vector<DriveStats> SsdStore::stats() {
     DriveStats s;
     s.path = d.dir;
     s.n_slots = d.n_slots;
-    s.free_slots = d.free_count;
+    s.free_slots = d.slots.free_count();
     s.base = d.base;
     s.bytes_written = d.bytes_written;
     s.bytes_read = d.bytes_read;

@@ -99,6 +99,10 @@
 #include <tuple>
 #include <vector>
 
+#include "store/recovery.h"
+#include "store/slot_allocator.h"
+#include "store/thread_pool.h"
+
 namespace saria_store {
 
 constexpr uint32_t kFormatVersion = 1;
@@ -152,28 +156,6 @@ struct Recovered {
   std::vector<uint64_t> seqs;
 };
 
-class ThreadPool {
- public:
-  explicit ThreadPool(int n);
-  ~ThreadPool();
-  // Two queues: urgent tasks (reads, which an engine waits for) are taken
-  // before normal ones (writes, which run in the background), so a read never
-  // queues behind a large write batch already in the pool.
-  void submit(std::function<void()> f, bool urgent = false);
-  // Run one queued task in the caller; false if none. An urgent caller only
-  // helps with urgent tasks, so it never picks up a write chunk.
-  bool try_run_one(bool urgent_only = false);
-
- private:
-  void loop();
-  std::vector<std::thread> workers_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> q_, urgent_;
-  bool stop_ = false;
-  bool pop(std::function<void()>& f, bool urgent_only);  // caller holds m_
-};
-
 struct Injection {
   int err = 0;
   int64_t count = 0;
@@ -187,11 +169,7 @@ struct Drive {
   dev_t dev = 0;
   ino_t ino = 0;
   bool created = false;                    // made by this open: nothing to scan
-  // allocator (guarded by Store::meta_)
-  std::map<uint32_t, uint32_t> free_runs;  // start -> length, coalesced
-  uint64_t free_count = 0;
-  uint32_t cursor = 0;                     // next-fit position (log order)
-  std::vector<uint8_t> allocated;          // 1 per slot
+  SlotAllocator slots;                     // guarded by SsdStore::meta_
   // health and counters
   std::atomic<bool> failed{false};
   std::atomic<uint64_t> bytes_written{0}, bytes_read{0};
@@ -244,17 +222,16 @@ class SsdStore {
  private:
   void open_drive(size_t d, uint32_t index);
   void create_file(Drive& dr, uint32_t index);
-  void scan_drive(size_t d, std::vector<std::tuple<uint64_t, uint32_t, std::array<uint8_t, 32>>>* out);
+  void scan_drive(size_t d, std::vector<FoundRecord>* out);
   void mark_failed(Drive& dr, int err, const std::string& what);
   bool path_ok(Drive& dr);
   ssize_t do_pwrite(Drive& dr, const void* buf, size_t n, uint64_t off);
   ssize_t do_pread(Drive& dr, void* buf, size_t n, uint64_t off);
   uint64_t balanced_unit(size_t k) const;
   bool injected(Drive& dr, bool write_op, int* err);
-  // allocator helpers (meta_ held)
-  void take_run(Drive& dr, uint32_t want, std::vector<std::pair<uint32_t, uint32_t>>* runs, uint32_t* got);
-  void give_back(Drive& dr, uint32_t start, uint32_t len);
-  void run_tasks(std::vector<std::function<void()>>& tasks, bool urgent = false);
+  void run_tasks(std::vector<std::function<void()>>& tasks, bool urgent = false) {
+    run_all(pool_.get(), tasks, urgent);
+  }
   void check_open() const;
 
   StoreOptions opt_;

@@ -77,7 +77,7 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 
 
 def run_io(args: argparse.Namespace) -> int:
-    from saria.bench.io import DEFAULT_LMCACHE_VENV, IoBenchConfig, _steps, run_io_bench
+    from saria.bench.io import DEFAULT_LMCACHE_VENV, IoBenchConfig, run_io_bench, steps
 
     cfg = IoBenchConfig(
         dir=args.dir, size=int(parse_size(args.size, name="--size")),
@@ -89,7 +89,7 @@ def run_io(args: argparse.Namespace) -> int:
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn())
     with Progress(*cols, console=err, transient=True) as bar:
-        task = bar.add_task("starting", total=_steps(cfg))
+        task = bar.add_task("starting", total=steps(cfg))
         state = {"started": False}
 
         def progress(desc: str, advance: bool) -> None:

@@ -211,6 +211,7 @@ def run_real_mode(args: argparse.Namespace, cfg: dict) -> int:
         ("SSD bytes written (OS)", lambda r: _size(r["ssd_bytes_written_os"])),
         ("SSD payload (simulated)", lambda r: _size(r["ssd_bytes_written_sim_scaled"])),
         ("DRAM evictions / simulated", lambda r: f"{r['dram_evictions']:,} / {r['dram_evictions_sim']:,}"),
+        ("hits per request = simulated", lambda r: "yes" if r["hits_equal_sim"] else "NO"),
         ("wall time", lambda r: f"{r['wall_s']:.1f} s"),
     )
     for label, cell in rows:
@@ -222,7 +223,12 @@ def run_real_mode(args: argparse.Namespace, cfg: dict) -> int:
                                                        "preset": cfg["preset"].name},
                                             "policies": results}, option=orjson.OPT_INDENT_2))
     bad = sum(r["mismatched_blocks"] for r in results.values())
-    return 1 if bad else 0
+    differ = [n for n, r in results.items() if not r["hits_equal_sim"]
+              or r["ssd_write_blocks"] != r["sim_ssd_blocks_written"]
+              or r["dram_evictions"] != r["dram_evictions_sim"]]
+    if differ:  # the real tiers decided differently from the simulation: a bug
+        Console(stderr=True).print(f"real tiers and simulation disagree for {', '.join(differ)}")
+    return 1 if bad or differ else 0
 
 
 def _trace_and_sessions(args: argparse.Namespace, default_sessions: int) -> tuple[Path, int | None]:

@@ -16,6 +16,7 @@ admission          a ``saria replay`` policy name: saria, full-duplicate, ...
 promotion          none, full or lazy (lazy)
 promotion_r        lazy promotion's DRAM share (0.8)
 write_queue        pending SSD write batches before writes are dropped (256)
+op_timeout_s       seconds before a copy no worker acked counts as failed (300)
 events             keep KV events for ``take_events`` (true)
 metrics_port       serve Prometheus metrics on this port (none)
 dwpd               the drives' rated drive writes per day, for the budget (1)
@@ -44,8 +45,8 @@ from saria.policy import make_admission, make_promotion
 from saria.units import parse_size
 
 KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admission",
-        "promotion", "promotion_r", "write_queue", "events", "metrics_port", "dwpd",
-        "config_file")
+        "promotion", "promotion_r", "write_queue", "op_timeout_s", "events", "metrics_port",
+        "dwpd", "config_file")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class ConnectorConfig:
     promotion: str = "lazy"
     promotion_r: float = 0.8
     write_queue: int = 256
+    op_timeout_s: float = 300.0
     events: bool = True
     metrics_port: int | None = None
     dwpd: float = 1.0
@@ -123,6 +125,9 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
     wq = raw.get("write_queue", 256)
     if isinstance(wq, bool) or not isinstance(wq, int) or wq < 1:
         raise ConfigError("write_queue", f"must be an integer >= 1, got {wq!r}")
+    timeout = raw.get("op_timeout_s", 300.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError("op_timeout_s", f"must be a positive number of seconds, got {timeout!r}")
     events = raw.get("events", True)
     if not isinstance(events, bool):
         raise ConfigError("events", f"must be true or false, got {events!r}")
@@ -134,8 +139,8 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
     if isinstance(dwpd, bool) or not isinstance(dwpd, (int, float)) or not dwpd > 0:
         raise ConfigError("dwpd", f"must be a positive number, got {dwpd!r}")
     return ConnectorConfig(dram, tuple(os.path.abspath(d) for d in dirs), ssd, str(seed), algo,
-                           admission, promotion, float(r), wq, events, port, float(dwpd),
-                           dict(extra or {}))
+                           admission, promotion, float(r), wq, float(timeout), events, port,
+                           float(dwpd), dict(extra or {}))
 
 
 def _size(raw: dict, key: str) -> int:

@@ -24,10 +24,14 @@ Flow per request (``keys`` are saria block keys of the request's tokens):
   request's new KV blocks (synchronous: done before its layers run).
 * ``build_connector_meta``: every request's newly computed full blocks get DRAM
   slots (``TieredCache.reserve``) and become a store op.
-* ``update_connector_output``: ops the workers finished are committed (stores:
-  admission may now write them to the SSD) or released (loads: promotion).
+* ``update_connector_output``: ops the workers finished are completed
+  (stores: admission may now write them to the SSD; loads: promotion).
 * ``request_finished``: the blocks' free is delayed while a store op still
   reads them.
+
+The parts: ``RequestHasher`` (a request's keys), ``OpTracker`` (op ids, acks
+from every tensor-parallel rank, deadlines), and the cache's own API for
+every figure (``stats``, ``gauges``): this class only sequences them.
 """
 
 from __future__ import annotations
@@ -43,10 +47,12 @@ import numpy as np
 from saria.connector.config import ConnectorConfig
 from saria.connector.layout import Geometry, pool_path
 from saria.connector.meta import CopyOp, SariaMetadata, SariaWorkerMetadata
+from saria.connector.ops import OpTracker
+from saria.connector.request_keys import KeyChain, RequestHasher
 from saria.connector.stats import Deltas, cumulative
 from saria.index import Tier
-from saria.keys.hashing import BlockHasher, keys_to_array
-from saria.runtime import CacheConfig, Reservation, Staged, TieredCache
+from saria.keys.hashing import BlockHasher
+from saria.runtime import CacheConfig, Staged, TieredCache
 
 log = logging.getLogger("saria.connector")
 
@@ -54,8 +60,7 @@ log = logging.getLogger("saria.connector")
 @dataclass
 class _Req:
     request: object
-    keys: list[bytes] = field(default_factory=list)
-    key_array: np.ndarray = field(default_factory=lambda: keys_to_array([]))  # == keys, stacked
+    chain: KeyChain = field(default_factory=KeyChain)
     block_ids: list[int] = field(default_factory=list)
     stored: int = 0                    # blocks below this need no store op
     staged: Staged | None = None
@@ -72,7 +77,7 @@ class SariaScheduler:
                  kv_cache_config=None) -> None:
         self.cfg = cfg
         self.geo = geo
-        self.bs = geo.block_size
+        self.block_size = geo.block_size
         ns = geo.namespace(cfg.hash_algo, cfg.hash_seed)
         dirs = tuple(os.path.join(d, f"saria-{ns}") for d in cfg.ssd_dirs) if cfg.has_ssd else ()
         for d in dirs:
@@ -85,41 +90,34 @@ class SariaScheduler:
             pin=False))  # only the workers' mappings need page-locking (for DMA)
         # Workers mapped the pool before this side existed (vLLM creates the
         # worker connectors first); drop the name so nothing outlives the engine.
-        self.pool_id = self.cache.pool.shared_id
-        self.cache.pool.unlink()
-        self.hasher = BlockHasher(self.bs, cfg.hash_algo, cfg.hash_seed)
-        self._configs = (vllm_config, kv_cache_config)
-        self._engine_hashes: bool | None = None  # decided at the first request (see property)
-        self.world = geo.tp_size
+        pool = self.cache.backend.pool
+        self.pool_id = pool.shared_id
+        pool.unlink()
+        self.hasher = RequestHasher(BlockHasher(self.block_size, cfg.hash_algo, cfg.hash_seed),
+                                    vllm_config, kv_cache_config)
+        self.ops = OpTracker(geo.tp_size, cfg.op_timeout_s)
         self.reqs: dict[str, _Req] = {}
-        self._ops = 0
         self._loads: list[CopyOp] = []
         self._delayed: list[str] = []
-        self._pending_stores: dict[int, tuple[str, Reservation]] = {}
-        self._pending_loads: dict[int, tuple[str, Staged]] = {}
-        self._acks: dict[int, int] = {}
         self._tokens_of: dict[bytes, tuple[tuple[int, ...], object]] = {}
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="saria-ssd-stage")
         self.counters = {"hit_tokens": 0, "query_tokens": 0,
                          "load_ops": 0, "store_ops": 0, "store_failures": 0,
-                         "load_failures": 0, "delayed_frees": 0, "ssd_stages": 0,
-                         "ssd_stage_us": 0}
+                         "load_failures": 0, "expired_ops": 0, "delayed_frees": 0,
+                         "ssd_stages": 0, "ssd_stage_us": 0}
         self.started = time.monotonic()
         self.metrics_server = None
         self._deltas = Deltas()
-        recovered = len(self.cache._recovered)
+        gauges = self.cache.gauges()
         log.info("saria scheduler: block %d tokens, slot %d B, DRAM %d slots, SSD %s "
-                 "(%d blocks recovered), admission %s, promotion %s", self.bs,
-                 geo.slot_bytes, self.cache.pool.num_slots,
-                 ", ".join(dirs) if dirs else "off", recovered, cfg.admission, cfg.promotion)
+                 "(%d blocks recovered), admission %s, promotion %s", self.block_size,
+                 geo.slot_bytes, gauges["dram_slots"], ", ".join(dirs) if dirs else "off",
+                 gauges["ssd_recovered_unadopted"], cfg.admission, cfg.promotion)
 
     @property
     def engine_hashes(self) -> bool:
-        """Whether vLLM's ``request.block_hashes`` are saria's keys. Decided
-        lazily: EngineCore seeds vLLM's hash root after building the scheduler."""
-        if self._engine_hashes is None:
-            self._engine_hashes = _engine_hashes_match(self.hasher, *self._configs)
-        return self._engine_hashes
+        """Whether vLLM's ``request.block_hashes`` are saria's keys."""
+        return self.hasher.engine_hashes
 
     # ------------------------------------------------------------- vLLM API
 
@@ -127,15 +125,15 @@ class SariaScheduler:
         st = self._req(request)
         if not st.cacheable:
             return 0, False
-        local = num_computed_tokens // self.bs
-        limit = (request.num_tokens - 1) // self.bs  # vLLM must compute >= 1 token
-        self._extend_keys(st, limit)
+        local = num_computed_tokens // self.block_size
+        limit = (request.num_tokens - 1) // self.block_size  # vLLM must compute >= 1 token
+        self.hasher.extend(st.chain, request, limit)
         if st.staging is not None:
             if not st.staging.done():
                 return None, False  # SSD read in flight: ask again later
             st.staged, st.staging = st.staging.result(), None
         if st.staged is None:
-            keys = st.key_array[:limit]
+            keys = st.chain.array[:limit]
             plan = self.cache.lookup(keys)
             if plan.num_blocks <= local:
                 return 0, False
@@ -149,38 +147,41 @@ class SariaScheduler:
         if hit <= local:
             self._unstage(st)
             return 0, False
-        return (hit - local) * self.bs, False
+        return (hit - local) * self.block_size, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         st = self.reqs.get(request.request_id)
         if st is None:
             return
         st.block_ids = list(blocks.get_block_ids()[0])
-        n_ext = num_external_tokens // self.bs
-        local = request.num_computed_tokens // self.bs if n_ext == 0 else st.local
+        n_ext = num_external_tokens // self.block_size
+        local = request.num_computed_tokens // self.block_size if n_ext == 0 else st.local
         if n_ext and st.staged is not None:
             ids = st.block_ids[local: local + n_ext]
             slots = st.staged.slots[local: local + n_ext].tolist()
-            op = CopyOp(self._next_op(), request.request_id, ids, slots)
-            self._loads.append(op)
-            self._pending_loads[op.op_id] = (request.request_id, st.staged)
+            op_id = self.ops.start("load", request.request_id, st.staged)
+            self._loads.append(CopyOp(op_id, request.request_id, ids, slots))
             st.staged = None
             self.counters["load_ops"] += 1
         else:
             self._unstage(st)
         st.stored = max(st.stored, local + n_ext)
-        self.counters["hit_tokens"] += n_ext * self.bs  # resumed requests too
+        self.counters["hit_tokens"] += n_ext * self.block_size  # resumed requests too
         if not st.recorded:
             st.recorded = True
             self.counters["query_tokens"] += request.num_tokens
-            n = min(len(st.keys), (request.num_tokens - 1) // self.bs)
+            n = min(len(st.chain), (request.num_tokens - 1) // self.block_size)
             if n:
-                self.cache.record_access(st.key_array[:n], hits=local + n_ext)
+                self.cache.touch(st.chain.array[:n], hits=local + n_ext)
 
     def build_connector_meta(self, so) -> SariaMetadata:
+        for op in self.ops.expired():
+            log.error("saria: %s op %d of request %s got no ack from every worker in %.0f s; "
+                      "failing it", op.kind, op.op_id, op.req_id, self.ops.timeout_s)
+            self.counters["expired_ops"] += 1
+            self._complete(op, ok=False)
         stores: list[CopyOp] = []
-        new = so.scheduled_new_reqs
-        for nr in new:
+        for nr in so.scheduled_new_reqs:
             st = self.reqs.get(nr.req_id)
             if st is not None:
                 st.block_ids = list(nr.block_ids[0])
@@ -209,18 +210,20 @@ class SariaScheduler:
         if not isinstance(wm, SariaWorkerMetadata):
             return
         for op_id, n in wm.failed.items():
-            self._finish(op_id, ok=False)
+            op = self.ops.ack(op_id, ok=False, count=n)
+            if op is not None:
+                self._complete(op, ok=False)
         for op_id, n in wm.done.items():
-            self._acks[op_id] = self._acks.get(op_id, 0) + n
-            if self._acks[op_id] >= self.world:
-                self._finish(op_id, ok=True)
+            op = self.ops.ack(op_id, ok=True, count=n)
+            if op is not None:
+                self._complete(op, ok=True)
 
     def request_finished(self, request, block_ids) -> tuple[bool, None]:
         rid = request.request_id
         st = self.reqs.pop(rid, None)
         if st is not None:
             self._unstage(st)
-        busy = any(r == rid for r, _ in self._pending_stores.values())
+        busy = self.ops.stores_pending(rid)
         if busy:
             self._delayed.append(rid)
             self.counters["delayed_frees"] += 1
@@ -229,8 +232,8 @@ class SariaScheduler:
     def take_events(self):
         from saria.connector.events import to_vllm_events
 
-        events = to_vllm_events(self.cache.take_events(), self._tokens_of, self.bs,
-                                self.hasher.digest_size)
+        events = to_vllm_events(self.cache.take_events(), self._tokens_of, self.block_size,
+                                self.hasher.hasher.digest_size)
         self._tokens_of.clear()
         return events
 
@@ -259,53 +262,29 @@ class SariaScheduler:
             self.reqs[request.request_id] = st
         return st
 
-    def _extend_keys(self, st: _Req, blocks: int) -> None:
-        have = len(st.keys)
-        if blocks <= have:
-            return
-        r = st.request
-        if self.engine_hashes and len(r.block_hashes) >= blocks:
-            # The engine hashed these blocks exactly as saria would (same
-            # algorithm, seed and block size): take its hashes, skip the work.
-            new = list(r.block_hashes[have:blocks])
-        else:
-            tokens = r.all_token_ids[have * self.bs: blocks * self.bs]
-            lora = getattr(r, "lora_request", None)
-            new = self.hasher.block_keys(
-                tokens, cache_salt=None if have else getattr(r, "cache_salt", None),
-                lora_name=lora.lora_name if lora else None,
-                lora_path=(lora.lora_path or "") if lora else "",
-                mm_features=getattr(r, "mm_features", None) or None,
-                parent=st.keys[-1] if have else None, start=have * self.bs if have else None)
-        if new:
-            # Each key is converted once: lookups, accesses and store plans
-            # slice this array for the request's whole life.
-            st.keys.extend(new)
-            st.key_array = np.concatenate([st.key_array, keys_to_array(new)])
-
     def _plan_store(self, st: _Req, rid: str, done_tokens: int, out: list[CopyOp]) -> None:
         if not st.cacheable:
             return
-        full = done_tokens // self.bs
-        self._extend_keys(st, full)
-        full = min(full, len(st.keys), len(st.block_ids))
+        full = done_tokens // self.block_size
+        self.hasher.extend(st.chain, st.request, full)
+        full = min(full, len(st.chain), len(st.block_ids))
         if full <= st.stored:
             return
-        res = self.cache.reserve(st.key_array[:full], st.stored)
+        spec = self.cache.prepare_store(st.chain.array[:full], st.stored)
         st.stored = full
-        if res.num_blocks == 0:
+        if spec.num_blocks == 0:
             return
-        pos = res.positions.tolist()
-        op = CopyOp(self._next_op(), rid, [st.block_ids[p] for p in pos], res.slots.tolist())
-        out.append(op)
-        self._pending_stores[op.op_id] = (rid, res)
+        pos = spec.positions.tolist()
+        op_id = self.ops.start("store", rid, spec)
+        out.append(CopyOp(op_id, rid, [st.block_ids[p] for p in pos], spec.slots.tolist()))
         self.counters["store_ops"] += 1
         if self.cfg.events:
             r = st.request
             lora = getattr(r, "lora_request", None)
+            bs = self.block_size
             for p in pos:
-                self._tokens_of[st.keys[p]] = (
-                    tuple(r.all_token_ids[p * self.bs:(p + 1) * self.bs]), lora)
+                self._tokens_of[st.chain.keys[p]] = (
+                    tuple(r.all_token_ids[p * bs:(p + 1) * bs]), lora)
 
     def _stage_from_ssd(self, keys, blocks: int, local: int) -> Staged:
         t = time.perf_counter()
@@ -314,16 +293,13 @@ class SariaScheduler:
         self.counters["ssd_stage_us"] += int((time.perf_counter() - t) * 1e6)
         return staged
 
-    def _finish(self, op_id: int, *, ok: bool) -> None:
-        self._acks.pop(op_id, None)
-        if op_id in self._pending_stores:
-            _, res = self._pending_stores.pop(op_id)
-            self.cache.commit(res, ok=ok)
+    def _complete(self, op, *, ok: bool) -> None:
+        if op.kind == "store":
+            self.cache.complete_store(op.spec, success=ok)
             if not ok:
                 self.counters["store_failures"] += 1
-        elif op_id in self._pending_loads:
-            _, staged = self._pending_loads.pop(op_id)
-            self.cache.release(staged, promote=ok)
+        else:
+            self.cache.release(op.spec, promote=ok)
             if not ok:
                 self.counters["load_failures"] += 1
 
@@ -334,26 +310,6 @@ class SariaScheduler:
         if st.staging is not None:
             fut, st.staging = st.staging, None
             fut.add_done_callback(lambda f: self.cache.release(f.result(), promote=False))
-
-    def _next_op(self) -> int:
-        self._ops += 1
-        return self._ops
-
-
-def _engine_hashes_match(hasher: BlockHasher, vllm_config, kv_cache_config) -> bool:
-    """True when vLLM's ``request.block_hashes`` are saria's keys: the engine
-    hashes canonical CBOR with the same function and root (seed), per KV block."""
-    algo = getattr(vllm_config.cache_config, "prefix_caching_hash_algo", None)
-    if algo != hasher.algo or kv_cache_config is None:
-        return False
-    if (kv_cache_config.hash_block_size or hasher.block_size) != hasher.block_size:
-        return False
-    try:
-        from vllm.v1.core import kv_cache_utils
-
-        return bytes(kv_cache_utils.NONE_HASH) == hasher.root
-    except (ImportError, AttributeError, NameError):
-        return False
 
 
 def _max_blocks(cfg: ConnectorConfig, geo: Geometry) -> int:

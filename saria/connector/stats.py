@@ -40,6 +40,7 @@ HELP = {
     "ssd_stages": "SSD hits read into DRAM slots ahead of a load (background reads)",
     "ssd_stage_us": "microseconds spent in those background SSD reads",
     "delayed_frees": "finished requests whose block free waited for a store copy",
+    "expired_ops": "copies failed because not every worker acked them in op_timeout_s",
     "bytes_loaded": "bytes the workers copied from the pool into the KV cache",
     "bytes_stored": "bytes the workers copied from the KV cache into the pool",
 }
@@ -68,7 +69,7 @@ def cumulative(sched) -> dict[str, int]:
     """The scheduler side's counters since start (cache, store, connector)."""
     c = sched.cache
     s = c.stats
-    slot = c.cfg.block_bytes
+    slot = sched.geo.slot_bytes
     out = {"dram_hit_blocks": s.hit_blocks["DRAM"], "ssd_hit_blocks": s.hit_blocks["SSD"],
            "dram_hit_bytes": s.hit_blocks["DRAM"] * slot,
            "ssd_hit_bytes": s.hit_blocks["SSD"] * slot,
@@ -77,10 +78,8 @@ def cumulative(sched) -> dict[str, int]:
            "ssd_write_blocks": s.ssd_write_blocks, "ssd_write_failures": s.ssd_write_failures,
            "ssd_read_failures": s.ssd_read_failures, "writes_dropped": s.writes_dropped}
     out.update(sched.counters)
-    if c.ssd is not None:
-        for i, d in enumerate(c.ssd.stats()["drives"]):
-            out[f"ssd_bytes_written_drive{i}"] = int(d["bytes_written"])
-            out[f"ssd_bytes_read_drive{i}"] = int(d["bytes_read"])
+    out.update({k: int(v) for k, v in c.gauges().items() if k.startswith("ssd_bytes_")
+                and k.rsplit("_", 1)[-1].startswith("drive")})
     return out
 
 
@@ -97,16 +96,16 @@ class Deltas:
 
 
 def gauges(sched) -> dict[str, float]:
-    c = sched.cache
-    out = {"dram_used_slots": c.pool.used_slots, "dram_slots": c.pool.num_slots}
-    if c.ssd is not None:
-        st = c.ssd.stats()
-        tot = st["total"]
-        out.update(ssd_free_slots=tot["free_slots"], ssd_slots=tot["capacity_slots"],
-                   ssd_failed_drives=tot["failed_drives"])
+    """Occupancy of the cache's tiers, and the SSD write budget in use."""
+    g = sched.cache.gauges()
+    out = {"dram_used_slots": g["dram_used_slots"], "dram_slots": g["dram_slots"]}
+    if "ssd_slots" in g:
+        out.update(ssd_free_slots=g["ssd_free_slots"], ssd_slots=g["ssd_slots"],
+                   ssd_failed_drives=g["ssd_failed_drives"])
         days = max(time.monotonic() - sched.started, 1.0) / 86400
-        budget = sched.cfg.dwpd * sched.cfg.ssd_bytes * len(st["drives"]) * days
-        out["ssd_write_budget_used"] = tot["bytes_written"] / budget if budget else 0.0
+        drives = len(sched.cfg.ssd_dirs)
+        budget = sched.cfg.dwpd * sched.cfg.ssd_bytes * drives * days
+        out["ssd_write_budget_used"] = g["ssd_bytes_written"] / budget if budget else 0.0
     return out
 
 

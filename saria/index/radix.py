@@ -33,11 +33,13 @@ from saria.index.types import (
     Evicted,
     IndexStats,
     ReloadPlan,
-    Segment,
     Tier,
 )
 
 KEY_BYTES = int(_native.KEY_BYTES)
+# The fastest tier (lowest set bit) of every residency mask; 0 for an empty mask.
+_FASTEST = np.array([next((t for t in Tier if m & t.bit), 0) for m in range(1 << len(Tier))],
+                    dtype=np.uint8)
 NO_SLOT = int(_native.NO_SLOT)
 _MAX_U32 = 0xFFFFFFFF
 
@@ -102,20 +104,12 @@ class RadixIndex:
             (n_known, n_avail, n_tbt, _first, n_usable, ckpt_tier, ckpt_slot,
              masks, slots, ckpt_masks) = self._core.match(arr)
         n = int(n_usable)
-        block_masks = masks[:n]
-        # Fastest tier = lowest set bit of each mask.
-        tiers = np.zeros(n, dtype=np.uint8)
-        remaining = np.ones(n, dtype=bool)
-        for t in Tier:
-            has = remaining & ((block_masks >> t) & 1).astype(bool)
-            tiers[has] = t
-            remaining &= ~has
+        tiers = _FASTEST[masks[:n]]
         checkpoint = None
         if ckpt_tier >= 0:
             checkpoint = CheckpointRef(boundary=n, tier=Tier(ckpt_tier), slot=int(ckpt_slot))
         return ReloadPlan(
             num_blocks=n,
-            segments=_segments(tiers),
             tiers=tiers,
             slots=slots[:n].astype(np.int64),
             num_known=int(n_known),
@@ -126,9 +120,19 @@ class RadixIndex:
             checkpoint_masks=ckpt_masks,
         )
 
+    def residency(self, keys: KeysLike) -> tuple[int, np.ndarray, np.ndarray]:
+        """``(num_known, masks, checkpoint_masks)`` of `keys`: ``match``
+        without the plan, for callers that only need the masks. Read-only."""
+        arr = as_keys(keys)
+        with self._lock:
+            n_known, *_, masks, _slots, ckpt_masks = self._core.match(arr)
+        n_known = int(n_known)
+        return n_known, masks[:n_known], ckpt_masks[:n_known]
+
     def history(self, keys: KeysLike) -> dict[str, np.ndarray]:
         """History of the known leading blocks of `keys` as parallel arrays:
-        ``reuse``, ``hits``, ``dram_evictions``, ``last_access``. Read-only."""
+        ``reuse``, ``hits``, ``dram_evictions``, ``last_access``, and their
+        residency: ``tiers`` and ``checkpoints`` masks. Read-only."""
         arr = as_keys(keys)
         with self._lock:
             return dict(self._core.history(arr))
@@ -138,6 +142,25 @@ class RadixIndex:
         t = Tier.parse(tier)
         with self._lock:
             slot = int(self._core.slot_of(_one_key(key), int(t)))
+        return None if slot == NO_SLOT else slot
+
+    def slots_in(self, keys: KeysLike, *tiers: Tier | int | str) -> tuple[np.ndarray, np.ndarray]:
+        """For each known leading block of `keys`: its slot in the fastest of
+        `tiers` holding it, and that tier (``NO_SLOT`` and -1 where none of
+        them does). Read-only."""
+        arr = as_keys(keys)
+        mask = 0
+        for t in tiers:
+            mask |= Tier.parse(t).bit
+        with self._lock:
+            slots, which = self._core.path_slots(arr, mask)
+        return slots.astype(np.int64), which
+
+    def checkpoint_slot(self, key: bytes, tier: Tier | int | str) -> int | None:
+        """Slot of the checkpoint after block `key` in `tier`, or None."""
+        t = Tier.parse(tier)
+        with self._lock:
+            slot = int(self._core.ckpt_slot_of(_one_key(key), int(t)))
         return None if slot == NO_SLOT else slot
 
     def now(self) -> float:
@@ -383,16 +406,6 @@ def _u32_array(name: str, value: Any) -> np.ndarray:
     if arr.size and arr.max() >= _MAX_U32:
         raise ValueError(f"{name} values must be below {_MAX_U32}")
     return arr.astype(np.uint32)
-
-
-def _segments(tiers: np.ndarray) -> tuple[Segment, ...]:
-    n = tiers.shape[0]
-    if n == 0:
-        return ()
-    cuts = np.flatnonzero(tiers[1:] != tiers[:-1]) + 1
-    starts = np.concatenate(([0], cuts))
-    ends = np.concatenate((cuts, [n]))
-    return tuple(Segment(Tier(int(tiers[s])), int(s), int(e)) for s, e in zip(starts, ends))
 
 
 def _evicted(tier: Tier, d: dict) -> Evicted:

@@ -19,6 +19,12 @@ class Tier(enum.IntEnum):
     DRAM = 1
     SSD = 2
 
+    @property
+    def bit(self) -> int:
+        """This tier's bit in a residency mask (``ReloadPlan.masks``,
+        ``Evicted.tiers_after``, checkpoint masks): the one definition."""
+        return 1 << self.value
+
     @classmethod
     def parse(cls, value: "Tier | int | str") -> "Tier":
         """Accepts a Tier, its int value or its name (any case); else ValueError."""
@@ -44,7 +50,7 @@ class Tier(enum.IntEnum):
 
 def mask_tiers(mask: int) -> tuple[Tier, ...]:
     """The tiers set in a residency bit mask."""
-    return tuple(t for t in Tier if mask & (1 << t))
+    return tuple(t for t in Tier if mask & t.bit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +94,6 @@ class ReloadPlan:
     """
 
     num_blocks: int
-    segments: tuple[Segment, ...]
     tiers: np.ndarray
     slots: np.ndarray
     num_known: int
@@ -97,6 +102,18 @@ class ReloadPlan:
     checkpoint: CheckpointRef | None
     masks: np.ndarray
     checkpoint_masks: np.ndarray
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        """The plan as runs of consecutive blocks from one tier, in order."""
+        n = self.tiers.shape[0]
+        if n == 0:
+            return ()
+        cuts = np.flatnonzero(self.tiers[1:] != self.tiers[:-1]) + 1
+        starts = np.concatenate(([0], cuts))
+        ends = np.concatenate((cuts, [n]))
+        return tuple(Segment(Tier(int(self.tiers[s])), int(s), int(e))
+                     for s, e in zip(starts, ends))
 
     def blocks_from(self, tier: Tier) -> int:
         """Blocks of the plan served from `tier`."""

@@ -41,6 +41,8 @@ class PromotionPolicy:
     """Base: promotes nothing."""
 
     name = "none"
+    #: the family, as ``make_promotion`` names it (``name`` adds parameters)
+    kind = "none"
     #: seconds a DRAM victim must be idle to make room for a promoted block
     min_victim_age_s: float | None = None
 
@@ -60,7 +62,7 @@ class NoPromotion(PromotionPolicy):
 class FullPromotion(PromotionPolicy):
     """Every SSD hit goes to DRAM (evicting whatever LRU says)."""
 
-    name = "full"
+    name = kind = "full"
 
     def select(self, ssd_positions, dram_blocks):
         return ssd_positions
@@ -70,7 +72,7 @@ class LazyPartialPromotion(PromotionPolicy):
     """SARIA's lazy partial promotion: up to a DRAM share ``r`` of the reload,
     only into slots of DRAM blocks idle for ``min_victim_age_s`` seconds."""
 
-    name = "lazy"
+    name = kind = "lazy"
 
     def __init__(self, r: float, min_victim_age_s: float = 60.0) -> None:
         if not 0.0 <= r <= 1.0:

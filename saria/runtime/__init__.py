@@ -1,8 +1,8 @@
 """The runtime: the tiered cache a serving engine's connector drives."""
 
-from saria.runtime.cache import (CacheConfig, CacheStats, LoadResult, Reservation, Staged,
-                                 TieredCache)
-from saria.runtime.events import CacheEvent
+from saria.core import CacheEvent, CacheStats
+from saria.runtime.backend import TierBackend
+from saria.runtime.cache import CacheConfig, LoadResult, Staged, TieredCache
 
-__all__ = ["CacheConfig", "CacheEvent", "CacheStats", "LoadResult", "Reservation", "Staged",
+__all__ = ["CacheConfig", "CacheEvent", "CacheStats", "LoadResult", "Staged", "TierBackend",
            "TieredCache"]

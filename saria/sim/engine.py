@@ -1,8 +1,11 @@
 """The replay engine: a trace through the real index and policies, on a clock.
 
-Only the bytes are replaced by a timing model (BRIEF, "The simulator is the
-real code"): the ``RadixIndex``, the admission and promotion policy objects
-and the coordinator's timing model are the ones the runtime uses.
+Only the bytes are replaced by a timing model: every residency decision is
+made by the cache core (``saria.core.CacheManager``) that serves the engine,
+over a ``CountingBackend``; ``saria replay --mode real`` runs this same class
+over the real tiers (``TieredCache``) with a mover that copies and verifies
+synthetic bytes. The replay keeps only what is its own: hit accounting, the
+timing model (queue, coordinator, prefill) and TTFT.
 
 Model of one GPU serving the trace (all figures from the preset):
 
@@ -20,12 +23,15 @@ Model of one GPU serving the trace (all figures from the preset):
   (``lookup="tier-by-tier"``). A full hit still recomputes the last token.
 * GPU hits cost nothing to load; DRAM and SSD parts are reloaded together
   through the coordinator model (serial / overlap / paced).
-* After prefill the whole prompt is in HBM; blocks the GPU computed land in
-  DRAM ("new KV lands in DRAM"); admission decides SSD writes at creation,
-  on access and on DRAM eviction; promotion copies some SSD hits into DRAM,
-  taking only slots of DRAM blocks idle for the policy's cutoff.
-* Capacities are in blocks of ``block_size`` tokens; an SSD block lives on
-  drive ``key % ssd_count``; full SSDs evict leaf-first LRU blocks.
+* Per request the core is driven exactly as the engine drives it: lookup,
+  touch (early persistence), prepare/complete load, the GPU prefix cache
+  (the replay's own tier: after prefill the whole prompt is in HBM),
+  prepare/complete store of the computed blocks (new KV lands in DRAM;
+  eviction and write-through admission), promotion of SSD hits, and for
+  hybrid models the state checkpoint.
+* Capacities are in blocks of ``block_size`` tokens; for byte accounting an
+  SSD block lives on drive ``key % ssd_count``; full SSDs evict leaf-first
+  LRU blocks.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from saria.core import CacheManager, CountingBackend, LoadSpec, StateSpec, StoreSpec
+from saria.core.backend import UNLIMITED
 from saria.index import RadixIndex, Tier, VirtualClock
 from saria.keys.trace import trace_block_keys
 from saria.policy import AdmissionPolicy, PromotionPolicy
@@ -42,7 +50,6 @@ from saria.sim.presets import Preset
 from saria.transfer import LinkModel, ReloadQueue, reload_time
 
 GPU, DRAM, SSD = Tier.GPU, Tier.DRAM, Tier.SSD
-_BIT = {t: 1 << int(t) for t in Tier}
 LOOKUPS = ("unified", "tier-by-tier")
 
 
@@ -59,16 +66,14 @@ class Arrival:
 
 @dataclass(slots=True)
 class ReplayStats:
-    """Counters of one replay; ``report()`` turns them into the JSON fields."""
+    """Counters of one replay; ``report()`` turns them into the JSON fields.
+    Evictions and promotions are the cache core's (``Replay.cache.stats``)."""
 
     requests: int = 0
     input_tokens: int = 0
     hit_tokens: dict = field(default_factory=lambda: {"GPU": 0, "DRAM": 0, "SSD": 0})
     ssd_bytes_written: np.ndarray | None = None  # per drive (KV and checkpoints)
     ssd_bytes_read: np.ndarray | None = None     # per drive
-    dram_evictions: int = 0
-    ssd_evictions: int = 0
-    promoted_blocks: int = 0
     baseline_hit_blocks: int = 0   # what a tier-by-tier lookup would have hit
     unified_hit_blocks: int = 0
     ttft: list = field(default_factory=list)
@@ -99,40 +104,81 @@ class ReplaySetup:
     def block_bytes(self) -> int:
         return self.preset.block_size * self.preset.model.kv_bytes_per_token
 
+    @property
+    def state_units(self) -> int:
+        """Capacity units (block slots) one hybrid state checkpoint occupies."""
+        model = self.preset.model
+        return -(-int(model.state_bytes) // self.block_bytes) if model.hybrid else 0
+
+    def capacities(self) -> dict[Tier, int]:
+        """Blocks each tier holds (SSD: all drives together)."""
+        hw = self.preset.hardware
+        dram = hw.dram_bytes if self.dram_bytes is None else self.dram_bytes
+        ssd = hw.ssd_bytes if self.ssd_bytes is None else self.ssd_bytes
+        return {GPU: _blocks(hw.gpu_cache_bytes, self.block_bytes),
+                DRAM: _blocks(dram, self.block_bytes),
+                SSD: _blocks(ssd, self.block_bytes) * hw.ssd_count}
+
+    def metadata_budget(self) -> int:
+        """The index's ``max_blocks``: room for every resident block and their
+        history, or only resident blocks without unified history."""
+        if not self.keep_history:
+            return 1  # only resident blocks stay tracked (the budget is soft for them)
+        finite = [c for c in self.capacities().values() if c < UNLIMITED]
+        return max(4_000_000, 4 * sum(finite)) if finite else 4_000_000
+
+
+class NoBytes:
+    """The simulator's mover: no bytes to move, nothing fails."""
+
+    def load(self, spec: LoadSpec) -> np.ndarray:
+        return np.zeros(0, np.int64)
+
+    def store(self, spec: StoreSpec) -> bool:
+        return True
+
+    def direct_rows(self, spec: StoreSpec) -> np.ndarray | None:
+        return None
+
+    def promote(self, spec: StoreSpec) -> bool:
+        return True
+
+    def checkpoint(self, spec: StateSpec) -> bool:
+        return True
+
 
 class Replay:
-    """Replays arrivals through one index and one set of policies."""
+    """Replays arrivals through one cache core.
 
-    def __init__(self, setup: ReplaySetup) -> None:
+    By default the core is a ``CacheManager`` over a ``CountingBackend``. A
+    caller may pass another ``cache`` with the same verbs (``TieredCache``:
+    the real tiers) and a ``mover`` that moves its bytes; both must share
+    this replay's ``clock``.
+    """
+
+    def __init__(self, setup: ReplaySetup, *, cache=None, mover=None,
+                 clock: VirtualClock | None = None) -> None:
         if setup.lookup not in LOOKUPS:
             raise ValueError(f"unknown lookup {setup.lookup!r}; valid: {', '.join(LOOKUPS)}")
-        self.s = setup
+        self.setup = setup
         model = setup.preset.model
         self.hybrid = model.hybrid
         self.state_bytes = int(model.state_bytes)
         hw = setup.preset.hardware
-        self.bs = setup.preset.block_size
+        self.block_size = setup.preset.block_size
         self.block_bytes = setup.block_bytes
-        dram = hw.dram_bytes if setup.dram_bytes is None else setup.dram_bytes
-        ssd = hw.ssd_bytes if setup.ssd_bytes is None else setup.ssd_bytes
-        self.cap = {
-            GPU: _blocks(hw.gpu_cache_bytes, self.block_bytes),
-            DRAM: _blocks(dram, self.block_bytes),
-            SSD: _blocks(ssd, self.block_bytes) * hw.ssd_count,
-        }
-        # A checkpoint occupies whole block slots of its tier (capacity unit).
-        self.ckpt_units = -(-self.state_bytes // self.block_bytes) if self.hybrid else 0
         self.n_drives = hw.ssd_count
-        self.ssd_on = self.cap[SSD] > 0 and not setup.admission.writes_nothing
-        self.used = {GPU: 0, DRAM: 0, SSD: 0}
         self.link = LinkModel(hw.link_Bps, hw.dram_copy_Bps, hw.ssd_total_read_Bps,
                               hw.pacing_efficiency, hw.contention_ssd_share)
-        self.clock = VirtualClock()
-        finite = [c for c in self.cap.values() if c < _UNLIMITED]
-        budget = max(4_000_000, 4 * sum(finite)) if finite else 4_000_000
-        if not setup.keep_history:
-            budget = 1  # only resident blocks stay tracked (the budget is soft for them)
-        self.index = RadixIndex(budget, hybrid=self.hybrid, clock=self.clock)
+        self.clock = clock or VirtualClock()
+        if cache is None:
+            index = RadixIndex(setup.metadata_budget(), hybrid=self.hybrid, clock=self.clock)
+            backend = CountingBackend(setup.capacities(), state_units=setup.state_units)
+            cache = CacheManager(index, setup.admission, setup.promotion, backend,
+                                 record_writes=True)
+        self.cache = cache
+        self.mover = mover or NoBytes()
+        self.gpu_on = cache.backend.capacity(GPU) > 0
         # SSD-written blocks, and those of them read back at least once.
         self._ssd_written: set[bytes] = set()
         self._ssd_read: set[bytes] = set()
@@ -141,6 +187,11 @@ class Replay:
         self.reloads = ReloadQueue(self.link, setup.coordinator)
         self.gpu_free_at = 0.0   # the GPU finishes its current prefill
         self.gpu_started = 0.0   # the current prefill started
+
+    @property
+    def ssd_on(self) -> bool:
+        """An SSD tier with capacity, under a policy that writes."""
+        return self.cache.ssd_on
 
     # -------------------------------------------------------------- driver
 
@@ -158,53 +209,53 @@ class Replay:
         st = self.stats
         self.clock.advance_to(max(self.clock.now, a.time))
         keys = trace_block_keys(a.hash_ids, namespace=a.namespace,
-                                trace_block_size=self.s.trace_block_size,
-                                engine_block_size=self.bs, num_tokens=a.input_tokens)
+                                trace_block_size=self.setup.trace_block_size,
+                                engine_block_size=self.block_size, num_tokens=a.input_tokens)
         n = keys.shape[0]
-        plan = self.index.match(keys)
+        plan = self.cache.lookup(keys)
         # A full hit still recomputes the last token: at most (L-1)//bs blocks.
-        limit = min(n, max(a.input_tokens - 1, 0) // self.bs)
+        limit = min(n, max(a.input_tokens - 1, 0) // self.block_size)
         masks = plan.masks
-        gpu_run = _run(masks, _BIT[GPU], 0, min(plan.num_blocks, limit))
+        gpu_run = _run(masks, GPU.bit, 0, min(plan.num_blocks, limit))
         unified = min(plan.num_blocks, limit)
         baseline = gpu_run
         if gpu_run < unified:
-            first = DRAM if masks[gpu_run] & _BIT[DRAM] else SSD
-            baseline = gpu_run + _run(masks, _BIT[first], gpu_run, unified)
-        ck_tier = None
+            first = DRAM if masks[gpu_run] & DRAM.bit else SSD
+            baseline = gpu_run + _run(masks, first.bit, gpu_run, unified)
+        ckpt_tier = None
         if self.hybrid:  # usable only up to a boundary with a state checkpoint
             cm = plan.checkpoint_masks
-            unified, ck_u = _checkpointed(cm, unified)
-            baseline, ck_b = _checkpointed(cm, baseline)
-            ck_tier = ck_u if self.s.lookup == "unified" else ck_b
-        hit = unified if self.s.lookup == "unified" else baseline
+            unified, ckpt_unified = _checkpointed(cm, unified)
+            baseline, ckpt_baseline = _checkpointed(cm, baseline)
+            ckpt_tier = ckpt_unified if self.setup.lookup == "unified" else ckpt_baseline
+        hit = unified if self.setup.lookup == "unified" else baseline
         gpu_run = min(gpu_run, hit)
         st.baseline_hit_blocks += baseline
         st.unified_hit_blocks += unified
 
         # Sources: GPU first, then DRAM, then SSD.
         seg = masks[gpu_run:hit]
-        from_dram = (seg & _BIT[DRAM]) != 0
-        if self.s.lookup == "tier-by-tier" and hit > gpu_run and not from_dram[0]:
+        from_dram = (seg & DRAM.bit) != 0
+        if self.setup.lookup == "tier-by-tier" and hit > gpu_run and not from_dram[0]:
             from_dram[:] = False  # the run came from the SSD tier alone
         ssd_pos = np.flatnonzero(~from_dram) + gpu_run
         n_dram = int(from_dram.sum())
         n_ssd = ssd_pos.shape[0]
         dram_bytes, ssd_bytes = n_dram * self.block_bytes, n_ssd * self.block_bytes
-        if ck_tier == DRAM:
+        if ckpt_tier == DRAM:
             dram_bytes += self.state_bytes
-        elif ck_tier == SSD:
+        elif ckpt_tier == SSD:
             ssd_bytes += self.state_bytes
             st.ssd_bytes_read[self._drive(keys[hit - 1:hit])[0]] += self.state_bytes
-        load = reload_time(dram_bytes, ssd_bytes, self.link, self.s.coordinator)
+        load = reload_time(dram_bytes, ssd_bytes, self.link, self.setup.coordinator)
         # The reload is issued when the request is next in line for the GPU
         # (one request of look-ahead, as a connector loads while the previous
         # prefill runs) and shares the ingress link with earlier reloads.
         loaded = self.reloads.submit(max(a.time, self.gpu_started), dram_bytes, ssd_bytes)
-        model = self.s.preset.model
-        new_tokens = a.input_tokens - hit * self.bs
+        model = self.setup.preset.model
+        new_tokens = a.input_tokens - hit * self.block_size
         prefill = model.prefill_flops(new_tokens, a.input_tokens) / \
-            self.s.preset.hardware.prefill_flops_per_s
+            self.setup.preset.hardware.prefill_flops_per_s
         self.gpu_started = max(loaded, self.gpu_free_at)
         done = self.gpu_started + prefill
         ttft = done - a.time
@@ -212,9 +263,9 @@ class Replay:
 
         st.requests += 1
         st.input_tokens += a.input_tokens
-        st.hit_tokens["GPU"] += gpu_run * self.bs
-        st.hit_tokens["DRAM"] += n_dram * self.bs
-        st.hit_tokens["SSD"] += n_ssd * self.bs
+        st.hit_tokens["GPU"] += gpu_run * self.block_size
+        st.hit_tokens["DRAM"] += n_dram * self.block_size
+        st.hit_tokens["SSD"] += n_ssd * self.block_size
         if n_ssd:
             np.add.at(st.ssd_bytes_read, self._drive(keys[ssd_pos]), self.block_bytes)
             self._ssd_read.update(map(bytes, keys[ssd_pos]))
@@ -225,181 +276,36 @@ class Replay:
         st.first_arrival = min(st.first_arrival, a.time)
         st.last_done = max(st.last_done, done)
 
-        self.index.touch(keys, hits=hit, checkpoint_at=hit if ck_tier is not None else 0)
-        self._after_prefill(keys, plan, hit, ssd_pos, n_dram, a.namespace)
+        self._drive_cache(keys, hit, gpu_run, ckpt_tier, ssd_pos, n_dram, a.namespace,
+                          plan.num_known)
         return ttft
 
     # ---------------------------------------------------------- mechanics
 
-    def _after_prefill(self, keys, plan, hit, ssd_pos, n_dram, session) -> None:
-        # The request's known blocks are in use: locked, no step below can
-        # evict them, so `full` (the path's residency) stays true.
-        n_known = plan.num_known
-        self.index.lock(keys[:n_known])
-        try:
-            full = np.zeros(keys.shape[0], dtype=np.uint8)
-            full[:n_known] = plan.masks
-            self._ck = np.zeros(keys.shape[0], dtype=np.uint8)  # checkpoint masks of the path
-            self._ck[:n_known] = plan.checkpoint_masks
-            self._store(keys, full, n_known, hit, ssd_pos, n_dram, session)
-            if self.hybrid:
-                self._checkpoint(keys, full)
-        finally:
-            self.index.unlock(keys[:n_known])
-
-    def _store(self, keys, full, n_known, hit, ssd_pos, n_dram, session) -> None:
-        n = keys.shape[0]
-        adm = self.s.admission
-        # Early persistence of DRAM residents the request referenced.
-        if self.ssd_on and n_known:
-            resident = np.flatnonzero((full[:n_known] & _BIT[DRAM]) != 0)
-            if resident.size:
-                h = self.index.history(keys[:n_known])
-                want = adm.on_access(keys[resident], h["reuse"][resident],
-                                     h["hits"][resident], self.clock.now)
-                self._write_ssd(keys, resident[want], full)
-        # The whole prompt is in HBM after prefill.
-        self._place(keys, np.flatnonzero((full & _BIT[GPU]) == 0), GPU, full, session)
-        # Computed blocks (not hits) land in DRAM; write-through admission.
-        computed = np.zeros(n, dtype=bool)
-        computed[hit:] = True
-        new_dram = np.flatnonzero(computed & ((full & _BIT[DRAM]) == 0))
-        self._place(keys, new_dram, DRAM, full, session)
-        if self.ssd_on and new_dram.size:
-            want = adm.on_create(keys[new_dram], self.clock.now)
-            self._write_ssd(keys, new_dram[want], full)
-        # Promotion of SSD hits into DRAM, bounded by idle DRAM victims.
-        pick = self.s.promotion.select(ssd_pos, n_dram)
-        pick = pick[(full[pick] & _BIT[DRAM]) == 0]
-        if pick.size:
-            room = self._make_room(DRAM, pick.size, self.s.promotion.min_victim_age_s)
-            pick = pick[:room]
-            if pick.size:
-                self._add(keys, pick, DRAM, full, session)
-                self.stats.promoted_blocks += int(pick.size)
-
-    def _place(self, keys, pos, tier, full, session) -> None:
-        """Adds `pos` to `tier`, evicting LRU blocks; if the tier cannot hold
-        them all, the earliest positions (the shared prefix) win."""
-        if pos.size == 0 or self.cap[tier] == 0:
-            return
-        room = self._make_room(tier, pos.size, None)
-        self._add(keys, pos[:room], tier, full, session)
-
-    def _add(self, keys, pos, tier, full, session) -> None:
-        if pos.size == 0:
-            return
-        last = int(pos[-1]) + 1
-        self.index.add(keys[:last], tier, np.zeros(pos.size, np.uint32), where=pos,
-                       session=session)
-        full[pos] |= _BIT[tier]
-        self.used[tier] += int(pos.size)
-
-    def _make_room(self, tier, want, older_than) -> int:
-        """Frees capacity units in `tier` for up to `want`; returns how many
-        fit. A victim's checkpoint in the tier leaves with it."""
-        free = self.cap[tier] - self.used[tier]
-        while free < want:
-            ev = self.index.evict(tier, want - free, older_than=older_than)
-            k = len(ev)
-            if k == 0:
-                break
-            self.used[tier] -= k
-            if tier == DRAM:
-                self.stats.dram_evictions += k
-                self._admit_victims(ev)
-            elif tier == SSD:
-                self.stats.ssd_evictions += k
-            if self.hybrid:
-                for key in ev.keys[(ev.checkpoints & _BIT[tier]) != 0]:
-                    self.index.remove_checkpoint(bytes(key), tier)
-                    self.used[tier] -= self.ckpt_units
-            free = self.cap[tier] - self.used[tier]
-        return max(0, min(want, free))
-
-    def _admit_victims(self, ev) -> None:
-        if not self.ssd_on:
-            return
-        want = self.s.admission.on_evict(ev.keys, ev.reuse, ev.hits, ev.dram_evictions,
-                                         self.clock.now)
-        blocks = want & ((ev.tiers_after & _BIT[SSD]) == 0)
-        if blocks.any():
-            self._write_blocks(ev.keys[blocks])
-        if self.hybrid:  # the checkpoint shares its block's admission decision
-            ck = want & ((ev.checkpoints & _BIT[DRAM]) != 0) & ((ev.checkpoints & _BIT[SSD]) == 0)
-            for key in ev.keys[ck]:
-                self._write_checkpoint(key)
-
-    def _write_ssd(self, keys, pos, full) -> None:
-        """Writes path blocks at `pos` (not yet on SSD) to the SSD tier, with
-        the DRAM checkpoints they carry."""
-        pos = pos[(full[pos] & _BIT[SSD]) == 0]
-        if pos.size == 0:
-            return
-        room = self._make_room(SSD, pos.size, None)
-        pos = pos[:room]
-        if pos.size:
-            self._add(keys, pos, SSD, full, 0)
-            np.add.at(self.stats.ssd_bytes_written, self._drive(keys[pos]), self.block_bytes)
-            self._ssd_written.update(map(bytes, keys[pos]))
-            if self.hybrid:
-                ck = self._ck[pos]
-                for p in pos[((ck & _BIT[DRAM]) != 0) & ((ck & _BIT[SSD]) == 0)]:
-                    if self._write_checkpoint(keys[p]):
-                        self._ck[p] |= _BIT[SSD]
-
-    def _write_blocks(self, blocks: np.ndarray) -> None:
-        """Writes DRAM victims (indexed blocks, not a path) to the SSD."""
-        room = self._make_room(SSD, blocks.shape[0], None)
-        blocks = blocks[:room]
-        if blocks.shape[0]:
-            self.index.add_existing(blocks, SSD, np.zeros(blocks.shape[0], np.uint32))
-            self.used[SSD] += int(blocks.shape[0])
-            np.add.at(self.stats.ssd_bytes_written, self._drive(blocks), self.block_bytes)
-            self._ssd_written.update(map(bytes, blocks))
-
-    # ------------------------------------------------ hybrid checkpoints
-
-    def _checkpoint(self, keys, full) -> None:
-        """After prefill the state at the prompt's last full block is kept in
-        HBM and DRAM; it supersedes this path's shallower checkpoints there
-        (a session's earlier turns), which would only hold memory."""
-        n = keys.shape[0]
-        if n == 0 or not full[n - 1]:
-            return
-        key = bytes(keys[n - 1])
-        for tier in (GPU, DRAM):
-            older = np.flatnonzero((self._ck[: n - 1] & _BIT[tier]) != 0)
-            if tier == DRAM and older.size and self.ssd_on:
-                # A superseded DRAM checkpoint is a DRAM victim: admission
-                # decides on its block's history, as for an evicted block.
-                h = self.index.history(keys[: int(older[-1]) + 1])
-                want = self.s.admission.on_evict(keys[older], h["reuse"][older], h["hits"][older],
-                                                 h["dram_evictions"][older], self.clock.now)
-                for p in older[want & ((self._ck[older] & _BIT[SSD]) == 0)]:
-                    if self._write_checkpoint(keys[p]):
-                        self._ck[p] |= _BIT[SSD]
-            for p in older:
-                self.index.remove_checkpoint(bytes(keys[p]), tier)
-                self.used[tier] -= self.ckpt_units
-                self._ck[p] &= 0xFF ^ _BIT[tier]
-            if self._ck[n - 1] & _BIT[tier] or self.cap[tier] == 0:
-                continue
-            if self._make_room(tier, self.ckpt_units, None) >= self.ckpt_units:
-                self.index.add_checkpoint(key, tier, 0)
-                self.used[tier] += self.ckpt_units
-                self._ck[n - 1] |= _BIT[tier]
-        if (self.ssd_on and self._ck[n - 1] & _BIT[DRAM] and not self._ck[n - 1] & _BIT[SSD]
-                and self.s.admission.on_create(keys[n - 1:n], self.clock.now)[0]):
-            self._write_checkpoint(keys[n - 1])
-
-    def _write_checkpoint(self, key: np.ndarray) -> bool:
-        if self._make_room(SSD, self.ckpt_units, None) < self.ckpt_units:
-            return False
-        self.index.add_checkpoint(bytes(key), SSD, 0)
-        self.used[SSD] += self.ckpt_units
-        self.stats.ssd_bytes_written[self._drive(key[None, :])[0]] += self.state_bytes
-        return True
+    def _drive_cache(self, keys, hit, gpu_run, ckpt_tier, ssd_pos, n_dram, session,
+                     known) -> None:
+        """The request's effect on the cache, through the core's verbs in the
+        engine's order (see ``saria.core.manager``)."""
+        cache, mover = self.cache, self.mover
+        cache.touch(keys, hits=hit, checkpoint_at=hit if ckpt_tier is not None else 0)
+        if hit > gpu_run:  # the engine loads only past its own GPU hit
+            load = cache.prepare_load(keys, hit, start=gpu_run)
+            cache.complete_load(load, mover.load(load))
+        if self.gpu_on:
+            cache.place(keys, GPU, session=session)
+        store = cache.prepare_store(keys, hit, session=session, direct=True)
+        cache.complete_store(store, success=mover.store(store), direct_rows=mover.direct_rows(store))
+        promo = cache.prepare_promotion(keys, ssd_pos, n_dram)
+        cache.complete_store(promo, success=mover.promote(promo))
+        if self.hybrid:
+            state = cache.prepare_checkpoint(keys, keep=known)
+            if state is not None:
+                cache.complete_checkpoint(state, success=mover.checkpoint(state))
+        for written, is_state in cache.take_ssd_writes():
+            size = self.state_bytes if is_state else self.block_bytes
+            np.add.at(self.stats.ssd_bytes_written, self._drive(written), size)
+            if not is_state:
+                self._ssd_written.update(map(bytes, written))
 
     def ssd_writes_never_read(self) -> tuple[int, int]:
         """(distinct blocks written to the SSD, of which never read back)."""
@@ -416,12 +322,9 @@ class Replay:
         return (folded % np.uint64(self.n_drives)).astype(np.int64)
 
 
-_UNLIMITED = 1 << 40
-
-
 def _blocks(size: float, block_bytes: int) -> int:
     if size == float("inf"):
-        return _UNLIMITED
+        return UNLIMITED
     return int(size // block_bytes)
 
 
@@ -432,7 +335,7 @@ def _checkpointed(ckpt_masks: np.ndarray, n: int) -> tuple[int, Tier | None]:
         return 0, None
     b = int(have[-1]) + 1
     m = int(ckpt_masks[b - 1])
-    return b, next(t for t in Tier if m & _BIT[t])
+    return b, next(t for t in Tier if m & t.bit)
 
 
 def _run(masks: np.ndarray, bit: int, start: int, end: int) -> int:

@@ -14,7 +14,8 @@ def policy_report(replay: Replay) -> dict:
     ssd_hit_ratio_tokens, ttft_mean_s, ttft_p90_s, ttft_p99_s,
     ttft_worst25_mean_s, ssd_lifetime_days)."""
     st = replay.stats
-    hw = replay.s.preset.hardware
+    core = replay.cache.stats
+    hw = replay.setup.preset.hardware
     ttft = np.asarray(st.ttft, dtype=float)
     written = st.ssd_bytes_written
     read = st.ssd_bytes_read
@@ -43,9 +44,9 @@ def policy_report(replay: Replay) -> dict:
         "ssd_bytes_written_per_drive": [int(x) for x in written],
         "ssd_bytes_read_per_drive": [int(x) for x in read],
         "ssd_write_rate_Bps": rate,
-        "dram_evictions": st.dram_evictions,
-        "ssd_evictions": st.ssd_evictions,
-        "promoted_blocks": st.promoted_blocks,
+        "dram_evictions": core.dram_evictions,
+        "ssd_evictions": core.ssd_evictions,
+        "promoted_blocks": core.promoted_blocks,
         "hit_ratio_tokens": (hits["GPU"] + hits["DRAM"] + hits["SSD"]) / tokens,
         "gpu_hit_ratio_tokens": hits["GPU"] / tokens,
         "dram_hit_ratio_tokens": hits["DRAM"] / tokens,

@@ -1,9 +1,10 @@
-"""Residency events of the runtime cache: what entered or left a tier.
+"""Residency events of the cache core: what entered or left a tier.
 
-The cache appends one ``CacheEvent`` per change when ``CacheConfig.events``
-is on, and ``TieredCache.take_events()`` drains them (vLLM's pattern: the
-scheduler drains events after every step). The vLLM connector translates
-them into vLLM's own ``BlockStored`` / ``BlockRemoved``.
+The ``CacheManager`` appends one ``CacheEvent`` per change when it keeps an
+event log, and ``take_events()`` drains them (vLLM's pattern: the scheduler
+drains events after every step). The vLLM connector translates them into
+vLLM's own ``BlockStored`` / ``BlockRemoved``; checkpoints of hybrid models
+are not KV blocks and produce no events.
 
 ``keys`` of a ``stored`` event with a ``parent`` form a chain: ``keys[0]``'s
 parent is ``parent``, each later key's parent is the key before it. Without

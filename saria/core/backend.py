@@ -1,0 +1,112 @@
+"""The data side under the cache core: slots per tier and SSD writes.
+
+A ``Backend`` allocates and frees slots and carries out the SSD writes the
+``CacheManager`` asks for; it never decides what lives where (vLLM's
+``kv_offload`` split: the manager does the bookkeeping, a backend allocates).
+Capacities are in *units*: a KV block is one unit, a hybrid model's state
+checkpoint ``state_units``.
+
+Two implementations: ``CountingBackend`` below (the replay: only counts) and
+``saria.runtime.backend.TierBackend`` (a DRAM pool and the O_DIRECT SSD
+store). Because both sit under the same manager, the replay's decisions are
+the engine's decisions by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from saria.core.specs import SsdWrite
+from saria.index import Tier
+
+#: How the core learns that an SSD write finished: (the job, one handle per key, -1 = failed).
+WriteDone = Callable[[SsdWrite, np.ndarray], None]
+
+UNLIMITED = 1 << 40  # a capacity that never fills (an "unlimited" tier in the replay)
+
+
+class Backend:
+    """Slots and SSD writes for a ``CacheManager``.
+
+    Invariants the manager relies on: ``free_units(t)`` never goes below zero
+    through the manager's calls (it makes room first); ``write_ssd`` is only
+    called after ``free_units(SSD)`` showed room for the job, and the units
+    count as used from that call on; the job's DRAM sources are read before
+    ``write_ssd`` returns, so the manager may free them right after.
+    """
+
+    #: writes complete later, on another thread (the manager then tracks them)
+    asynchronous: bool = False
+    #: capacity units one state checkpoint occupies
+    state_units: int = 0
+
+    def bind(self, on_written: WriteDone) -> None:
+        """Called once by the manager: where SSD completions go."""
+        self._on_written = on_written
+
+    def capacity(self, tier: Tier) -> int:
+        raise NotImplementedError
+
+    def free_units(self, tier: Tier) -> int:
+        raise NotImplementedError
+
+    def alloc(self, tier: Tier, count: int) -> np.ndarray:
+        """`count` slots of `tier` (the caller checked ``free_units``)."""
+        raise NotImplementedError
+
+    def free(self, tier: Tier, slots: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def alloc_state(self, tier: Tier) -> int:
+        """A handle for one state checkpoint (``state_units`` units)."""
+        raise NotImplementedError
+
+    def free_state(self, tier: Tier, handle: int) -> None:
+        raise NotImplementedError
+
+    def write_ssd(self, job: SsdWrite) -> bool:
+        """Starts the job; False if it was refused (a full queue): nothing was written."""
+        raise NotImplementedError
+
+    def reclaim_ssd(self, units: int) -> int:
+        """Frees up to `units` of SSD space the index does not know about (blocks
+        found after a restart that nobody asked for); returns units freed."""
+        return 0
+
+
+class CountingBackend(Backend):
+    """The replay's backend: capacities and use counts, no bytes. Writes
+    complete at once."""
+
+    def __init__(self, capacity: dict[Tier, int], *, state_units: int = 0) -> None:
+        self._capacity = {t: int(capacity.get(t, 0)) for t in Tier}
+        self.used = {t: 0 for t in Tier}
+        self.state_units = int(state_units)
+
+    def capacity(self, tier: Tier) -> int:
+        return self._capacity[tier]
+
+    def free_units(self, tier: Tier) -> int:
+        return self._capacity[tier] - self.used[tier]
+
+    def alloc(self, tier: Tier, count: int) -> np.ndarray:
+        self.used[tier] += count
+        return np.zeros(count, np.int64)
+
+    def free(self, tier: Tier, slots: np.ndarray) -> None:
+        self.used[tier] -= int(len(slots))
+
+    def alloc_state(self, tier: Tier) -> int:
+        self.used[tier] += self.state_units
+        return 0
+
+    def free_state(self, tier: Tier, handle: int) -> None:
+        self.used[tier] -= self.state_units
+
+    def write_ssd(self, job: SsdWrite) -> bool:
+        k = job.keys.shape[0]
+        self.used[Tier.SSD] += k * (self.state_units if job.state else 1)
+        self._on_written(job, np.zeros(k, np.int64))
+        return True

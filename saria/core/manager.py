@@ -1,0 +1,621 @@
+"""The cache core: every residency decision, for the replay and the engine alike.
+
+``CacheManager`` holds the radix index, the admission and promotion policies
+and the event log. It decides placement, eviction (and which victims
+admission sends to the SSD), write-through, early persistence, promotion,
+hybrid checkpoints and locking -- and moves no byte. A ``Backend`` below it
+allocates slots and performs SSD writes; a mover beside it (the replay's
+timing model, ``TieredCache``'s byte copies, a vLLM worker) reads and fills
+the slots a spec names. Admission is asked from exactly one place per moment
+(``_admit_accessed``, ``_admit_victims``, ``_admit_created``), as in
+CacheLib Navy.
+
+One request, in the order the engine and the replay both follow::
+
+    plan = core.lookup(keys)                    # longest prefix in any tier
+    core.touch(keys, hits=h)                    # history; early persistence
+    load = core.prepare_load(keys, h)           # lock; where each block is
+    ...                                         # mover reads the blocks
+    core.complete_load(load, failed)            # unlock; bad SSD copies go
+    store = core.prepare_store(keys, start=h)   # DRAM slots for new blocks
+    ...                                         # mover fills them
+    core.complete_store(store)                  # admission may write SSD
+    promo = core.prepare_promotion(keys, load.positions(SSD), dram_blocks)
+    ...                                         # mover copies SSD hits in
+    core.complete_store(promo)
+
+Invariants:
+
+* the index is the only authority on residency: a slot is used only while
+  the index maps a key to it and freed only after the index dropped it;
+* a ``prepare_*`` call locks the blocks it hands out until its
+  ``complete_*`` call; while the core makes room it also locks the request's
+  known path, so a request never evicts its own prefix;
+* every SSD write goes through ``_write_blocks`` / ``_write_state``, which
+  make room first (SSD victims are evicted leaf-first LRU) and never write a
+  block that is on the SSD or on its way there;
+* a DRAM victim's bytes are handed to the SSD writer before its slot is
+  freed; a victim's checkpoint leaves the tier with it.
+
+Not thread-safe: ``TieredCache`` serialises calls with its lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from saria.core.backend import Backend
+from saria.core.events import CacheEvent, EventLog
+from saria.core.specs import CacheStats, LoadSpec, SsdWrite, StateSpec, StoreSpec
+from saria.index import NO_SLOT, RadixIndex, ReloadPlan, Tier
+from saria.policy import AdmissionPolicy, PromotionPolicy
+
+GPU, DRAM, SSD = Tier.GPU, Tier.DRAM, Tier.SSD
+
+
+class CacheManager:
+    """Decides what lives in which tier; see the module docstring."""
+
+    def __init__(self, index: RadixIndex, admission: AdmissionPolicy,
+                 promotion: PromotionPolicy, backend: Backend, *, events: bool = False,
+                 record_writes: bool = False) -> None:
+        self.index = index
+        self.admission = admission
+        self.promotion = promotion
+        self.backend = backend
+        self.hybrid = index.hybrid
+        self.events = EventLog() if events else None
+        self.stats = CacheStats()
+        #: the SSD tier exists and the policy can write to it
+        self.ssd_on = backend.capacity(SSD) > 0 and not admission.writes_nothing
+        self._pending: set[bytes] = set()  # SSD writes in flight (asynchronous backends)
+        self._written: list[tuple[np.ndarray, bool]] | None = [] if record_writes else None
+        backend.bind(self.complete_ssd_write)
+
+    # ------------------------------------------------------------- queries
+
+    def lookup(self, keys: np.ndarray) -> ReloadPlan:
+        """The reload plan of the longest prefix of `keys` cached in any tier."""
+        self.stats.lookups += 1
+        return self.index.match(keys)
+
+    def now(self) -> float:
+        return self.index.now()
+
+    # -------------------------------------------------------------- access
+
+    def touch(self, keys: np.ndarray, *, hits: int, checkpoint_at: int = 0) -> int:
+        """Records that a request referenced `keys`, the first `hits` served
+        from cache, and lets admission persist its DRAM residents early.
+        Returns the number of known blocks touched."""
+        known = self.index.touch(keys, hits=hits, checkpoint_at=checkpoint_at)
+        if self.ssd_on and known:
+            self._admit_accessed(keys[:known])
+        return known
+
+    # --------------------------------------------------------------- loads
+
+    def prepare_load(self, keys: np.ndarray, blocks: int, *, start: int = 0) -> LoadSpec:
+        """Locks the longest cached prefix of ``keys[:blocks]`` and says where
+        each of its blocks is read from (blocks before `start` are locked,
+        not read). The prefix can be shorter than `blocks` when blocks left
+        the cache since the caller's lookup."""
+        plan = self.index.match(keys[:max(0, blocks)])
+        n = plan.num_blocks
+        path = keys[:n].copy()
+        if n == 0:
+            return LoadSpec(path, 0, np.zeros(0, np.int8), np.zeros(0, np.int64))
+        self.index.lock(path)
+        start = min(start, n)
+        tiers, slots = plan.tiers.astype(np.int8), plan.slots
+        if np.any(tiers[start:] == GPU):  # only the replay has a GPU tier
+            slots, tiers = self.index.slots_in(path, DRAM, SSD)
+        return LoadSpec(path, start, tiers, slots, plan.checkpoint)
+
+    def complete_load(self, spec: LoadSpec, failed: np.ndarray | None = None) -> int:
+        """The mover is done with `spec`: unlocks it. `failed` lists positions
+        whose SSD read failed (I/O, checksum, wrong key): their SSD copies
+        leave the tier, so no later plan relies on them. Returns the blocks
+        served, the prefix before the first failure."""
+        n = spec.num_blocks
+        if n:
+            self.index.unlock(spec.path)
+        served = n
+        if failed is not None and len(failed):
+            failed = np.unique(np.asarray(failed, np.int64))
+            served = int(failed[0])
+            self._drop_failed(spec, failed)
+        from_ssd = int(np.count_nonzero(spec.tiers[spec.start:served] == SSD))
+        self.stats.hit_blocks["SSD"] += from_ssd
+        self.stats.hit_blocks["DRAM"] += max(0, served - spec.start) - from_ssd
+        return served
+
+    def truncate_load(self, spec: LoadSpec, blocks: int,
+                      failed: np.ndarray | None = None) -> LoadSpec:
+        """Shortens a prepared load to its first `blocks` blocks (the rest
+        is unlocked), dropping the SSD copies at `failed` positions."""
+        self.index.unlock(spec.path)
+        if failed is not None and len(failed):
+            self._drop_failed(spec, np.asarray(failed, np.int64))
+        path = spec.path[:blocks]
+        if blocks:
+            self.index.lock(path)
+        return LoadSpec(path, min(spec.start, blocks), spec.tiers[:blocks], spec.slots[:blocks],
+                        spec.checkpoint if blocks == spec.num_blocks else None)
+
+    def _drop_failed(self, spec: LoadSpec, failed: np.ndarray) -> None:
+        self.stats.ssd_read_failures += int(failed.size)
+        # Only copies still in the slot that failed: the block may have left
+        # the SSD, or been written again elsewhere, meanwhile.
+        still, _ = self.index.slots_in(spec.path, SSD)
+        failed = failed[failed < still.shape[0]]
+        lost = failed[still[failed] == spec.slots[failed]]
+        if lost.size:
+            self.drop_ssd(spec.path[lost])
+
+    def drop_ssd(self, keys: np.ndarray) -> None:
+        """Drops SSD copies that proved unusable (a failed read)."""
+        handles = self.index.remove(keys, SSD)
+        self.backend.free(SSD, handles)
+        if self.events is not None:
+            self.events.removed(SSD, keys)
+
+    # -------------------------------------------------------------- stores
+
+    def prepare_store(self, keys: np.ndarray, start: int = 0, *, session: int = 0,
+                      direct: bool = False) -> StoreSpec:
+        """DRAM slots for the blocks ``keys[start:]`` not yet in DRAM (new KV
+        lands in DRAM), evicting LRU blocks as needed. When DRAM cannot hold
+        them all the leading ones win (they are the shared prefix). With
+        `direct` the caller can also hand over the bytes of the others: the
+        ones write-through admission takes go straight to the SSD
+        (``spec.direct``), as a write-through cache writes every block it
+        creates."""
+        known, masks = self._masks(keys)
+        pos = np.arange(start, keys.shape[0])
+        pos = pos[(masks[pos] & DRAM.bit) == 0]
+        spec = self._allocate(keys[:known], keys, pos, masks, None, session, False)
+        rest = pos[spec.num_blocks:]
+        if direct and self.ssd_on and rest.size:
+            want = self.admission.on_create(keys[rest], self.now())
+            rest = rest[want & ((masks[rest] & SSD.bit) == 0)]
+            if rest.size:
+                spec.direct = rest
+                spec.chain = keys[: int(rest[-1]) + 1].copy()
+        return spec
+
+    def prepare_promotion(self, keys: np.ndarray, ssd_positions: np.ndarray,
+                          dram_blocks: int) -> StoreSpec:
+        """After a prefill that read `ssd_positions` from the SSD (and
+        `dram_blocks` blocks from DRAM): DRAM slots for the SSD hits the
+        promotion policy picks, taking only the slots of DRAM blocks idle for
+        its recency cutoff. The mover copies those blocks from the engine's KV
+        pages (or the bytes it read) into the slots; nothing else of an SSD
+        hit enters DRAM."""
+        pick = self.promotion.select(np.asarray(ssd_positions, np.int64), dram_blocks)
+        if pick.size == 0:
+            return _empty_store(keys, True)
+        known, masks = self._masks(keys)
+        pick = pick[(masks[pick] & DRAM.bit) == 0]
+        return self._allocate(keys[:known], keys, pick, masks,
+                              self.promotion.min_victim_age_s, 0, True)
+
+    def complete_store(self, spec: StoreSpec, *, success: bool = True,
+                       direct_rows: np.ndarray | None = None) -> int:
+        """The mover filled (`success`) or failed to fill a store's slots.
+        Filled new blocks go through write-through admission, the direct ones
+        (bytes `direct_rows`, one per ``spec.direct``) go to the SSD, then
+        the path is unlocked; failed ones leave DRAM. Returns the blocks kept
+        in DRAM."""
+        n = spec.num_blocks
+        keys = spec.keys
+        if not success:
+            if n:
+                self.index.unlock(spec.path)
+                self.backend.free(DRAM, self.index.remove(keys, DRAM))
+                if self.events is not None:
+                    self.events.removed(DRAM, keys)
+            return 0
+        if spec.promotion:
+            self.stats.promoted_blocks += n
+        else:
+            self.stats.stored_blocks += n
+            if self.ssd_on and n:
+                self._admit_created(spec)
+            if spec.direct.size:
+                self._write_direct(spec, direct_rows)
+        if n:
+            self.index.unlock(spec.path)
+        return n
+
+    def place(self, keys: np.ndarray, tier: Tier, *, session: int = 0) -> int:
+        """Makes every block of `keys` resident in `tier` with no admission:
+        the replay's model of the GPU prefix cache (after prefill the whole
+        prompt is in HBM). Returns the blocks added."""
+        known, masks = self._masks(keys)
+        pos = np.flatnonzero((masks & tier.bit) == 0)
+        if pos.size == 0 or self.backend.capacity(tier) == 0:
+            return 0
+        pos = pos[:self._make_room(tier, pos.size, None, pin=keys[:known])]
+        if pos.size:
+            self.index.add(keys[:int(pos[-1]) + 1], tier, self.backend.alloc(tier, pos.size),
+                           where=pos, session=session)
+        return int(pos.size)
+
+    # ------------------------------------------------------ borrowed slots
+    #
+    # The vLLM connector stages SSD hits through spare DRAM slots the index
+    # does not map; promotion may then keep some of them in place.
+
+    def borrow_dram(self, count: int) -> np.ndarray:
+        """Up to `count` DRAM slots outside the index (evicting LRU blocks)."""
+        room = self._make_room(DRAM, count, None) if count else 0
+        return self.backend.alloc(DRAM, room)
+
+    def return_dram(self, slots: np.ndarray) -> None:
+        if len(slots):
+            self.backend.free(DRAM, slots)
+
+    def promote_borrowed(self, path: np.ndarray, ssd_positions: np.ndarray, dram_blocks: int,
+                         slots: np.ndarray) -> np.ndarray:
+        """Promotion of SSD hits whose bytes already sit in borrowed `slots`
+        (one per position): the picked ones enter the index in place; returns
+        the mask of slots kept (the caller returns the others)."""
+        chosen = self.promotion.select(ssd_positions, dram_blocks)
+        known, masks = self._masks(path)
+        keep = np.isin(ssd_positions, chosen) & (ssd_positions < known)
+        keep &= (masks[ssd_positions] & DRAM.bit) == 0
+        pos = ssd_positions[keep]
+        if pos.size:
+            self.index.add(path[:int(pos[-1]) + 1], DRAM, slots[keep], where=pos)
+            self.stats.promoted_blocks += int(pos.size)
+            if self.events is not None:
+                self.events.stored(DRAM, path, pos)
+        return keep
+
+    # ------------------------------------------------- hybrid checkpoints
+
+    def prepare_checkpoint(self, keys: np.ndarray, *, keep: int = 0) -> StateSpec | None:
+        """After prefill a hybrid model's state at the prompt's last full block
+        is kept in HBM and DRAM; it supersedes the path's shallower
+        checkpoints there (a session's earlier turns), which would only hold
+        memory -- a superseded DRAM checkpoint is a DRAM victim, so admission
+        decides on it as for an evicted block. Room is made from any block
+        but the request's reused prefix (its first `keep` blocks): the
+        request's own new, deepest blocks may give way to its checkpoint,
+        which they are useless without. Returns the state to fill (None when
+        the prompt's last block is not cached); the path stays locked until
+        ``complete_checkpoint``."""
+        n = keys.shape[0]
+        known, masks, ck = self.index.residency(keys)
+        if n == 0 or known < n or not masks[n - 1]:
+            return None
+        path = keys.copy()
+        ck = ck.copy()
+        key = path[n - 1]
+        fill = None
+        with self._pinned(path[:min(keep, n)]):
+            for tier in (GPU, DRAM):
+                older = np.flatnonzero((ck[:n - 1] & tier.bit) != 0)
+                if tier == DRAM and older.size and self.ssd_on:
+                    self._admit_superseded(path, older, ck)
+                for p in older:
+                    self.backend.free_state(tier, self.index.remove_checkpoint(bytes(path[p]), tier))
+                    ck[p] &= 0xFF ^ tier.bit
+                if ck[n - 1] & tier.bit or self.backend.capacity(tier) == 0:
+                    continue
+                units = self.backend.state_units
+                if self._make_room(tier, units, None) >= units:
+                    handle = self.backend.alloc_state(tier)
+                    self.index.add_checkpoint(bytes(key), tier, handle)
+                    ck[n - 1] |= tier.bit
+                    if tier == DRAM:
+                        fill = handle
+            self.index.lock(path)  # a node with a checkpoint is never dropped: all n known
+        return StateSpec(path, fill)
+
+    def complete_checkpoint(self, spec: StateSpec, *, success: bool = True) -> None:
+        """The mover copied (or failed to copy) the state into DRAM; the
+        checkpoint then shares its block's write-through admission."""
+        key = spec.path[-1]
+        if not success and spec.dram_handle is not None:
+            self.backend.free_state(DRAM, self.index.remove_checkpoint(bytes(key), DRAM))
+        elif self.ssd_on and self.index.checkpoint_slot(bytes(key), SSD) is None:
+            dram = self.index.checkpoint_slot(bytes(key), DRAM)
+            if dram is not None and self.admission.on_create(spec.path[-1:], self.now())[0]:
+                self._write_state(key, dram)
+        self.index.unlock(spec.path)
+
+    # ------------------------------------------------------------- restart
+
+    def adopt_ssd(self, keys: np.ndarray, positions: list[int], handles: list[int]) -> None:
+        """Puts SSD blocks found after a restart back into the index, at
+        `positions` of the key chain `keys` (the store does not record
+        parents; a lookup's chain supplies them)."""
+        if not positions:
+            return
+        self.index.add(keys[:positions[-1] + 1], SSD, handles, where=positions)
+        self.stats.adopted_blocks += len(positions)
+        if self.events is not None:
+            self.events.stored(SSD, keys, np.asarray(positions))
+
+    # --------------------------------------------------------------- events
+
+    def take_events(self) -> list[CacheEvent]:
+        """Residency events since the last call (with ``events=True``)."""
+        return [] if self.events is None else self.events.take()
+
+    def take_ssd_writes(self) -> list[tuple[np.ndarray, bool]]:
+        """SSD writes completed since the last call, as (keys, is_state)
+        batches (with ``record_writes=True``): the replay's byte accounting."""
+        if self._written is None:
+            return []
+        out, self._written = self._written, []
+        return out
+
+    # ----------------------------------------------------- SSD completions
+
+    def complete_ssd_write(self, job: SsdWrite, handles: np.ndarray) -> None:
+        """A backend finished `job`: written blocks gain SSD residency. A
+        block that left the index or reached the SSD meanwhile gives its new
+        copy back. Called by the backend (inline or from its writer thread,
+        under the cache's lock)."""
+        keys = job.keys
+        if self.backend.asynchronous:
+            self._pending.difference_update(map(bytes, keys))
+        handles = np.asarray(handles, np.int64)
+        ok = handles >= 0
+        self.stats.ssd_write_failures += int(np.count_nonzero(~ok))
+        keys, handles = keys[ok], handles[ok]
+        if keys.shape[0] == 0:
+            return
+        if job.state:
+            kept = [self._adopt_state(k, int(h)) for k, h in zip(keys, handles)]
+            keys = keys[np.asarray(kept, bool)]
+            self.stats.ssd_write_states += int(keys.shape[0])
+        elif job.positions is not None:
+            keys = self._add_ssd_path(job.path, job.positions[ok], handles)
+            self.stats.ssd_write_blocks += int(keys.shape[0])
+        else:
+            keys = self._add_ssd_copies(keys, handles)
+            self.stats.ssd_write_blocks += int(keys.shape[0])
+            if self.events is not None:
+                self.events.stored_loose(SSD, keys)
+        if self._written is not None and keys.shape[0]:
+            self._written.append((keys, job.state))
+
+    # ------------------------------------------------- admission (one place)
+
+    def _admit_accessed(self, path: np.ndarray) -> None:
+        """Early persistence: DRAM residents a request referenced (history
+        already counts the access). Every resident is shown to the policy --
+        a stateful one (KVBM's frequency filter) counts every sighting -- and
+        the write skips those already on the SSD."""
+        h = self.index.history(path)
+        masks, ckpt = h["tiers"], h["checkpoints"]
+        resident = np.flatnonzero((masks & DRAM.bit) != 0)
+        if resident.size == 0:
+            return
+        want = self.admission.on_access(path[resident], h["reuse"][resident],
+                                        h["hits"][resident], self.now())
+        self._persist_path(path, resident[want], masks, ckpt, pin=path)
+
+    def _admit_created(self, spec: StoreSpec) -> None:
+        """Write-through: blocks just stored in DRAM. Their residency is the
+        spec's plus DRAM (the stored path is locked: nothing evicted it)."""
+        want = self.admission.on_create(spec.keys, self.now())
+        if not want.any():
+            return
+        masks = np.zeros(spec.path.shape[0], np.uint8)
+        masks[spec.positions] = spec.masks | DRAM.bit
+        ckpt = self.index.residency(spec.path)[2] if self.hybrid else masks
+        self._persist_path(spec.path, spec.positions[want], masks, ckpt)
+
+    def _admit_victims(self, ev) -> None:
+        """DRAM victims (their ``dram_evictions`` counts this eviction); a
+        victim's DRAM checkpoint shares its block's decision."""
+        want = self.admission.on_evict(ev.keys, ev.reuse, ev.hits, ev.dram_evictions, self.now())
+        blocks = want & ((ev.tiers_after & SSD.bit) == 0)
+        if blocks.any():
+            self._write_blocks(ev.keys[blocks], ev.slots[blocks])
+        if self.hybrid:
+            ck = want & ((ev.checkpoints & DRAM.bit) != 0) & ((ev.checkpoints & SSD.bit) == 0)
+            for key in ev.keys[ck]:
+                self._write_state(key, self.index.checkpoint_slot(bytes(key), DRAM))
+
+    def _admit_superseded(self, path: np.ndarray, older: np.ndarray, ck: np.ndarray) -> None:
+        h = self.index.history(path[: int(older[-1]) + 1])
+        want = self.admission.on_evict(path[older], h["reuse"][older], h["hits"][older],
+                                       h["dram_evictions"][older], self.now())
+        for p in older[want & ((ck[older] & SSD.bit) == 0)]:
+            if self._write_state(path[p], self.index.checkpoint_slot(bytes(path[p]), DRAM)):
+                ck[p] |= SSD.bit
+
+    # ----------------------------------------------------------- SSD writes
+
+    def _persist_path(self, path: np.ndarray, positions: np.ndarray, masks: np.ndarray,
+                      ckpt_masks: np.ndarray, pin: np.ndarray | None = None) -> None:
+        """Writes DRAM-resident path blocks at `positions` that are not on
+        the SSD yet, with the DRAM checkpoints they carry."""
+        pos = positions[(masks[positions] & SSD.bit) == 0]
+        if pos.size == 0:
+            return
+        sources = self.index.slots_in(path[: int(pos[-1]) + 1], DRAM)[0][pos]
+        written = self._write_blocks(path[pos], sources, pin)
+        if self.hybrid and written.size:
+            pos = pos[written]
+            ck = ckpt_masks[pos]
+            for p in pos[((ck & DRAM.bit) != 0) & ((ck & SSD.bit) == 0)]:
+                self._write_state(path[p], self.index.checkpoint_slot(bytes(path[p]), DRAM), pin)
+
+    def _write_blocks(self, keys: np.ndarray, sources: np.ndarray,
+                      pin: np.ndarray | None = None) -> np.ndarray:
+        """Asks the backend to write `keys` (bytes in DRAM at `sources`) after
+        making room; returns the indices (into `keys`) that were submitted."""
+        idx = np.arange(keys.shape[0])
+        if self._pending:
+            idx = idx[[bytes(k) not in self._pending for k in keys]]
+        if idx.size == 0:
+            return idx
+        room = self._make_room(SSD, idx.size, None, pin=pin)
+        self.stats.writes_dropped += int(idx.size) - room
+        idx = idx[:room]
+        if idx.size and not self._submit(SsdWrite(keys[idx], sources[idx])):
+            return idx[:0]
+        return idx
+
+    def _write_direct(self, spec: StoreSpec, rows: np.ndarray | None) -> None:
+        """Writes new blocks that DRAM could not take straight to the SSD."""
+        pos = spec.direct
+        idx = np.arange(pos.size)
+        if self._pending:
+            idx = idx[[bytes(k) not in self._pending for k in spec.chain[pos]]]
+        room = self._make_room(SSD, idx.size, None, pin=spec.path) if idx.size else 0
+        self.stats.writes_dropped += int(idx.size) - room
+        idx = idx[:room]
+        if idx.size:
+            self._submit(SsdWrite(spec.chain[pos[idx]], None, rows=None if rows is None
+                                  else rows[idx], path=spec.chain, positions=pos[idx]))
+
+    def _write_state(self, key: np.ndarray, dram_handle: int | None,
+                     pin: np.ndarray | None = None) -> bool:
+        units = self.backend.state_units
+        if dram_handle is None or (self._pending and bytes(key) in self._pending):
+            return False
+        if self._make_room(SSD, units, None, pin=pin) < units:
+            self.stats.writes_dropped += 1
+            return False
+        return self._submit(SsdWrite(key[None, :].copy(), np.array([dram_handle], np.int64),
+                                     state=True))
+
+    def _submit(self, job: SsdWrite) -> bool:
+        if self.backend.asynchronous:
+            self._pending.update(map(bytes, job.keys))
+        if self.backend.write_ssd(job):
+            return True
+        if self.backend.asynchronous:
+            self._pending.difference_update(map(bytes, job.keys))
+        self.stats.writes_dropped += int(job.keys.shape[0])
+        return False
+
+    def _add_ssd_copies(self, keys: np.ndarray, handles: np.ndarray) -> np.ndarray:
+        """Gives written blocks SSD residency; returns the keys that took it."""
+        try:
+            self.index.add_existing(keys, SSD, handles)
+            return keys
+        except ValueError:
+            pass
+        kept = np.zeros(keys.shape[0], bool)
+        for i in range(keys.shape[0]):  # rare: some block left the index or got there first
+            try:
+                self.index.add_existing(keys[i:i + 1], SSD, handles[i:i + 1])
+                kept[i] = True
+            except ValueError:
+                self.backend.free(SSD, handles[i:i + 1])
+        return keys[kept]
+
+    def _add_ssd_path(self, path: np.ndarray, positions: np.ndarray,
+                      handles: np.ndarray) -> np.ndarray:
+        """Gives written path blocks SSD residency, creating their nodes as
+        needed; returns the keys that took it."""
+        kept = np.ones(positions.size, bool)
+        try:
+            self.index.add(path[: int(positions[-1]) + 1], SSD, handles, where=positions)
+        except ValueError:
+            for i, p in enumerate(positions):  # rare: some block got there first
+                try:
+                    self.index.add(path[: int(p) + 1], SSD, handles[i:i + 1], where=[int(p)])
+                except ValueError:
+                    self.backend.free(SSD, handles[i:i + 1])
+                    kept[i] = False
+        if self.events is not None:
+            self.events.stored(SSD, path, positions[kept])
+        return path[positions[kept]]
+
+    def _adopt_state(self, key: np.ndarray, handle: int) -> bool:
+        try:
+            self.index.add_checkpoint(bytes(key), SSD, handle)
+            return True
+        except ValueError:
+            self.backend.free_state(SSD, handle)
+            return False
+
+    # ------------------------------------------------------------- capacity
+
+    def _allocate(self, pin: np.ndarray, keys: np.ndarray, pos: np.ndarray, masks: np.ndarray,
+                  older_than: float | None, session: int, promotion: bool) -> StoreSpec:
+        if pos.size == 0 or self.backend.capacity(DRAM) == 0:
+            return _empty_store(keys, promotion)
+        pos = pos[:self._make_room(DRAM, pos.size, older_than, pin=pin)]
+        if pos.size == 0:
+            return _empty_store(keys, promotion)
+        slots = self.backend.alloc(DRAM, pos.size)
+        path = keys[: int(pos[-1]) + 1].copy()
+        self.index.add(path, DRAM, slots, where=pos, session=session)
+        self.index.lock(path)
+        if self.events is not None:
+            self.events.stored(DRAM, path, pos)
+        return StoreSpec(path, pos, slots, masks[pos].copy(), promotion)
+
+    def _make_room(self, tier: Tier, want: int, older_than: float | None,
+                   pin: np.ndarray | None = None) -> int:
+        """Frees units in `tier` for up to `want`, evicting leaf-first LRU
+        victims (with `older_than`, only blocks idle that long) other than
+        the request's own path `pin`; returns the free units, up to `want`."""
+        free = self.backend.free_units(tier)
+        if free < want and tier == SSD:
+            self.backend.reclaim_ssd(want - free)
+            free = self.backend.free_units(tier)
+        if free >= want:
+            return want
+        with self._pinned(pin):
+            while free < want:
+                ev = self.index.evict(tier, want - free, older_than=older_than)
+                if len(ev) == 0:
+                    break
+                self._evicted(tier, ev)
+                free = self.backend.free_units(tier)
+        return max(0, min(want, free))
+
+    def _evicted(self, tier: Tier, ev) -> None:
+        if tier == DRAM:
+            self.stats.dram_evictions += len(ev)
+            if self.ssd_on:
+                self._admit_victims(ev)  # reads the victims' slots: before they are freed
+        elif tier == SSD:
+            self.stats.ssd_evictions += len(ev)
+        self.backend.free(tier, ev.slots)
+        if self.events is not None and tier != GPU:
+            self.events.removed(tier, ev.keys)
+        if self.hybrid:
+            for key in ev.keys[(ev.checkpoints & tier.bit) != 0]:
+                self.backend.free_state(tier, self.index.remove_checkpoint(bytes(key), tier))
+
+    def _masks(self, keys: np.ndarray) -> tuple[int, np.ndarray]:
+        """(known blocks, residency mask of every block of `keys`, 0 past the known)."""
+        known, masks, _ = self.index.residency(keys)
+        out = np.zeros(keys.shape[0], np.uint8)
+        out[:known] = masks
+        return known, out
+
+    @contextlib.contextmanager
+    def _pinned(self, path: np.ndarray | None):
+        """Locks `path` while the core evicts (unlocking counts as a use)."""
+        if path is None or path.shape[0] == 0:
+            yield
+            return
+        self.index.lock(path)
+        try:
+            yield
+        finally:
+            self.index.unlock(path)
+
+
+def _empty_store(keys: np.ndarray, promotion: bool) -> StoreSpec:
+    none = np.zeros(0, np.int64)
+    return StoreSpec(keys[:0].copy(), none, none, np.zeros(0, np.uint8), promotion)
+
+
+__all__ = ["CacheManager", "NO_SLOT"]

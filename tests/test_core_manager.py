@@ -1,0 +1,183 @@
+"""The cache core's rules, one at a time, on the counting backend and on a
+backend double whose SSD writes finish when the test says (CacheLib Navy's
+MockDevice idea): what admission is shown, what a request may evict, what a
+failed copy or read leaves behind, and that a write in flight is never
+issued twice."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from saria.core import CacheManager, CountingBackend, SsdWrite
+from saria.index import RadixIndex, Tier, VirtualClock
+from saria.keys import BlockHasher, keys_to_array
+from saria.policy import AdmissionPolicy, make_admission, make_promotion
+
+DRAM, SSD = Tier.DRAM, Tier.SSD
+HASHER = BlockHasher(4, seed="core-test")
+
+
+def chain(prefix: int, n: int) -> np.ndarray:
+    return keys_to_array(HASHER.block_keys([prefix * 1000 + i for i in range(4 * n)]))
+
+
+def core(admission="write-back", *, dram=8, ssd=32, promotion="none", backend=None):
+    backend = backend or CountingBackend({DRAM: dram, SSD: ssd})
+    return CacheManager(RadixIndex(1000, clock=VirtualClock()),
+                        admission if isinstance(admission, AdmissionPolicy)
+                        else make_admission(admission),
+                        make_promotion(promotion, r=1.0, min_victim_age_s=0.0), backend,
+                        record_writes=True)
+
+
+def store(c: CacheManager, keys: np.ndarray, start: int = 0, **kw) -> int:
+    spec = c.prepare_store(keys, start, **kw)
+    return c.complete_store(spec)
+
+
+def written(c: CacheManager) -> set[bytes]:
+    return {bytes(k) for keys, _ in c.take_ssd_writes() for k in keys}
+
+
+class Recorder(AdmissionPolicy):
+    """Admits nothing; remembers what each moment showed it."""
+
+    name = "recorder"
+    writes_nothing = False
+
+    def __init__(self) -> None:
+        self.seen = {"create": [], "access": [], "evict": []}
+
+    def on_create(self, keys, now):
+        self.seen["create"].append({bytes(k) for k in keys})
+        return np.zeros(len(keys), bool)
+
+    def on_access(self, keys, reuse, hits, now):
+        self.seen["access"].append({bytes(k) for k in keys})
+        return np.zeros(len(keys), bool)
+
+    def on_evict(self, keys, reuse, hits, dram_evictions, now):
+        self.seen["evict"].append({bytes(k) for k in keys})
+        return np.zeros(len(keys), bool)
+
+
+def test_admission_sees_every_dram_resident_a_request_touches():
+    """Even those already on the SSD: a stateful policy (KVBM) counts every sighting."""
+    rec = Recorder()
+    c = core(rec)
+    a = chain(1, 3)
+    store(c, a)                            # the recorder admits nothing: nothing written
+    c.index.add_existing(a[:1], SSD, [0])  # say block 0 reached the SSD some other way
+    c.touch(a, hits=3)
+    assert rec.seen["create"] == [{bytes(k) for k in a}]
+    assert rec.seen["access"] == [{bytes(k) for k in a}]
+
+
+def test_write_back_writes_victims_once_and_frees_their_slots():
+    c = core("write-back", dram=4)
+    a, b = chain(1, 4), chain(2, 4)
+    store(c, a)
+    store(c, b)                                     # a leaves DRAM, onto the SSD
+    assert written(c) == {bytes(k) for k in a}
+    assert c.backend.used[DRAM] == 4 and c.backend.used[SSD] == 4
+    assert c.lookup(a).blocks_from(SSD) == 4
+    store(c, a)                                     # a back in DRAM, b out: a not rewritten
+    assert written(c) == {bytes(k) for k in b}
+
+
+def test_a_store_never_evicts_its_own_prefix():
+    """DRAM holds the request's prefix: its new blocks take what is left, the
+    leading ones first, and nothing else is written or evicted for them."""
+    c = core("dram-only", dram=6)
+    keys = chain(1, 10)
+    store(c, keys[:5])
+    spec = c.prepare_store(keys, 5)
+    assert spec.positions.tolist() == [5]           # one free slot: the first new block
+    c.complete_store(spec)
+    assert c.lookup(keys).blocks_from(DRAM) == 6 and c.stats.dram_evictions == 0
+
+
+def test_write_through_reaches_the_ssd_even_for_blocks_dram_cannot_take():
+    c = core("full-duplicate", dram=2)
+    keys = chain(1, 6)
+    spec = c.prepare_store(keys, direct=True)
+    assert spec.positions.tolist() == [0, 1] and spec.direct.tolist() == [2, 3, 4, 5]
+    c.complete_store(spec)
+    assert written(c) == {bytes(k) for k in keys}
+    plan = c.lookup(keys)
+    assert plan.num_blocks == 6 and plan.blocks_from(SSD) == 4
+    # Without a way to hand over the bytes (the vLLM workers), nothing goes direct.
+    other = chain(2, 6)
+    assert c.prepare_store(other).direct.size == 0
+
+
+def test_a_failed_copy_leaves_nothing_behind():
+    c = core("full-duplicate")
+    keys = chain(1, 3)
+    spec = c.prepare_store(keys)
+    assert c.complete_store(spec, success=False) == 0
+    assert c.lookup(keys).num_blocks == 0 and c.backend.used[DRAM] == 0
+    assert written(c) == set()                       # admission never saw the blocks
+
+
+def test_a_failed_ssd_read_drops_that_copy_and_shortens_the_hit():
+    c = core("write-back", dram=3)
+    a, b = chain(1, 3), chain(2, 3)
+    store(c, a)
+    store(c, b)                                     # a only on the SSD now
+    load = c.prepare_load(a, 3)
+    assert load.positions(SSD).tolist() == [0, 1, 2]
+    assert len(c.index.evict(SSD, 3)) == 0          # locked while the mover reads
+    assert c.complete_load(load, np.array([1])) == 1
+    assert c.stats.ssd_read_failures == 1 and c.stats.hit_blocks["SSD"] == 1
+    plan = c.lookup(a)
+    assert plan.num_blocks == 1 and c.index.slot_of(bytes(a[2]), SSD) is not None
+
+
+def test_promotion_copies_ssd_hits_back_into_dram():
+    c = core("write-back", dram=3, promotion="full")
+    a, b = chain(1, 3), chain(2, 3)
+    store(c, a)
+    store(c, b)
+    load = c.prepare_load(a, 3)
+    c.complete_load(load)
+    spec = c.prepare_promotion(a, load.positions(SSD), 0)
+    assert spec.promotion and spec.positions.tolist() == [0, 1, 2]
+    assert c.complete_store(spec) == 3
+    assert c.lookup(a).blocks_from(DRAM) == 3 and c.stats.promoted_blocks == 3
+    assert c.stats.stored_blocks == 6                # promotion is not a new block
+
+
+class LaterBackend(CountingBackend):
+    """SSD writes complete only when ``finish()`` is called."""
+
+    asynchronous = True
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.queued: list[SsdWrite] = []
+
+    def write_ssd(self, job: SsdWrite) -> bool:
+        self.used[SSD] += job.keys.shape[0]
+        self.queued.append(job)
+        return True
+
+    def finish(self) -> None:
+        jobs, self.queued = self.queued, []
+        for job in jobs:
+            self._on_written(job, np.arange(job.keys.shape[0]))
+
+
+def test_a_write_in_flight_is_not_issued_twice():
+    backend = LaterBackend({DRAM: 2, SSD: 16})
+    c = core("write-back", backend=backend)
+    a, b = chain(1, 2), chain(2, 2)
+    store(c, a)
+    store(c, b)                                    # a's write is queued, not done
+    assert [len(j.keys) for j in backend.queued] == [2]
+    store(c, a)                                    # a back in DRAM
+    store(c, b)                                    # a evicted again: still in flight
+    assert sum(len(j.keys) for j in backend.queued) == 4   # a once, b once
+    backend.finish()
+    assert c.stats.ssd_write_blocks == 4
+    assert c.lookup(a).blocks_from(SSD) + c.lookup(a).blocks_from(DRAM) == 2
