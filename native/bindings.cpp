@@ -11,6 +11,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "copy/rows.h"
 #include "index/radix_core.h"
 
 namespace nb = nanobind;
@@ -65,6 +66,19 @@ nb::dict evicted_to_dict(std::vector<EvictedBlock>&& ev) {
 }  // namespace
 
 NB_MODULE(_native, m) {
+  m.def(
+      "copy_rows",
+      [](uintptr_t dst, size_t dst_stride, I64Array dst_idx, uintptr_t src, size_t src_stride,
+         I64Array src_idx, size_t n, size_t row_bytes) {
+        const int64_t* di = dst_idx.shape(0) ? dst_idx.data() : nullptr;
+        const int64_t* si = src_idx.shape(0) ? src_idx.data() : nullptr;
+        nb::gil_scoped_release rel;
+        saria_copy::copy_rows(reinterpret_cast<uint8_t*>(dst), dst_stride, di,
+                              reinterpret_cast<const uint8_t*>(src), src_stride, si, n, row_bytes);
+      },
+      "dst"_a, "dst_stride"_a, "dst_idx"_a, "src"_a, "src_stride"_a, "src_idx"_a, "n"_a,
+      "row_bytes"_a,
+      "Row copies by index between raw strided buffers (saria.tiers.copy checks the arguments).");
   m.doc() = "saria native core: the radix-tree index";
   m.attr("KEY_BYTES") = kKeyBytes;
   m.attr("NUM_TIERS") = saria::kNumTiers;

@@ -1,10 +1,13 @@
-"""One engine run in a fresh process, for tests/test_connector_restart.py.
+"""One engine run in a fresh process, for the connector's multi-process tests.
 
-    python connector_child.py MODEL SSD_DIR MP
-prints one JSON line for prompt A, sent twice: {"out": [tokens, gaps], "cached": n,
-"again": [tokens, gaps], "again_cached": n}.
-MP=1 runs vLLM's default multi-process layout (scheduler and worker in two
-processes, sharing only the metadata and the /dev/shm pool).
+    python connector_child.py MODEL SSD_DIR MP [JSON]
+
+sends prompt A (or JSON's "prompt") twice and prints one JSON line:
+{"out": [tokens, gaps], "cached": n, "again": [tokens, gaps], "again_cached": n}.
+JSON may also set "dram_bytes", "coordinator" and "expect_error" (then the
+engine must fail to start; the line is {"error": message}). MP=1 runs vLLM's
+default multi-process layout (scheduler and worker in two processes, sharing
+only the metadata, the /dev/shm pool and the drive files).
 """
 
 import json
@@ -13,16 +16,24 @@ import sys
 
 if __name__ == "__main__":
     model, ssd, mp = sys.argv[1], sys.argv[2], sys.argv[3]
+    opts = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     os.environ["SARIA_TEST_VLLM_MP"] = mp
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from vllm_harness import engine, generate, prompts
 
-    a, _ = prompts(0)
-    extra = {"dram_bytes": "4MB", "ssd_dirs": [ssd], "ssd_bytes": "16MB",
-             "admission": "full-duplicate", "hash_seed": "restart-test"}
-    with engine(model, extra) as llm:
-        out, cached = generate(llm, a)
-        again, again_cached = generate(llm, a)
+    a = opts.get("prompt") or prompts(0)[0]
+    extra = {"dram_bytes": opts.get("dram_bytes", "4MB"), "ssd_dirs": [ssd], "ssd_bytes": "16MB",
+             "admission": "full-duplicate", "hash_seed": "restart-test",
+             "coordinator": opts.get("coordinator", "paced")}
+    try:
+        with engine(model, extra) as llm:
+            out, cached = generate(llm, a)
+            again, again_cached = generate(llm, a)
+    except Exception as e:  # noqa: BLE001 -- reported to the parent
+        if not opts.get("expect_error"):
+            raise
+        print("RESULT " + json.dumps({"error": f"{type(e).__name__}: {e}"}), flush=True)
+        sys.exit(0)
     print("RESULT " + json.dumps({"out": [out.tokens, out.gaps], "cached": cached,
                                   "again": [again.tokens, again.gaps],
                                   "again_cached": again_cached}), flush=True)

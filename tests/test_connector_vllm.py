@@ -38,6 +38,13 @@ def sched(llm):
     return scheduler_connector(llm)._scheduler
 
 
+def worker(llm):
+    """The WORKER-role connector of an in-process engine (its only worker)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    return get_kv_transfer_group()._worker
+
+
 def test_dram_hit_skips_prefill_and_keeps_outputs(model, baseline, tmp_path):
     a, want_a = baseline["a"]
     b, want_b = baseline["b"]
@@ -76,16 +83,19 @@ def test_preempted_requests_resume_from_saria(model, monkeypatch):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from saria.connector.worker import Copier
+    from saria.connector.meta import Medium
+    from saria.connector.worker import PageCopier
 
     pages: dict[tuple[int, int], bytes] = {}   # (slot, layer) -> page stored there
     checked = []
-    copy = Copier._copy
+    copy = PageCopier.copy
 
-    def checking_copy(self, op, layer, load):  # the CPU copy path, in this process
-        copy(self, op, layer, load)
-        blocks, pool = self.pages.layers[layer], self._pool_layer(layer)
-        for b, slot in zip(op.block_ids, op.slots):
+    def checking_copy(self, t, layer):  # the CPU copy path, in this process
+        n = copy(self, t, layer)
+        blocks, pool = self.pages.layers[layer], self.pool_layer(layer)
+        load = t.src == Medium.DRAM
+        kv_ids, slots = (t.dst_ids, t.src_ids) if load else (t.src_ids, t.dst_ids)
+        for b, slot in zip(kv_ids, slots):
             page = blocks[b].reshape(-1).numpy().tobytes()
             if load:
                 assert page == pages[(slot, layer)], f"slot {slot} layer {layer} came back changed"
@@ -93,8 +103,9 @@ def test_preempted_requests_resume_from_saria(model, monkeypatch):
             else:
                 assert page == pool[slot].numpy().tobytes()
                 pages[(slot, layer)] = page
+        return n
 
-    monkeypatch.setattr(Copier, "_copy", checking_copy)
+    monkeypatch.setattr(PageCopier, "copy", checking_copy)
     ps = [TokensPrompt(prompt_token_ids=prompts(i)[0]) for i in range(4)]
     sp = SamplingParams(temperature=0, max_tokens=180, ignore_eos=True, logprobs=2)
     runs = []
@@ -127,12 +138,14 @@ def test_ssd_hit_when_dram_cannot_keep_the_prefix(model, baseline, tmp_path):
         expect(generate(llm, a), want_a, 288)
         assert s.cache.stats.hit_blocks["SSD"] - before == 9
         assert s.cache.stats.ssd_read_failures == 0
-        assert s.counters["ssd_stages"] == 1 and s.counters["ssd_stage_us"] > 0
+        w = worker(llm)
+        assert w.coordinator.totals["ssd_bytes"] == 9 * w.geo.slot_bytes   # read by the worker
 
 
 def test_corrupt_ssd_pages_are_recomputed(model, baseline, tmp_path):
-    """Flipped bytes in the store's file: every SSD read fails its checksum,
-    saria shortens the hit, vLLM recomputes, the output is unchanged."""
+    """Flipped bytes in the store's file: every SSD block the worker reads
+    fails its checksum, goes back to vLLM as invalid (recomputed) and leaves
+    the SSD tier; the output is unchanged."""
     a, want_a = baseline["a"]
     extra = {"dram_bytes": 12 * SLOT, "ssd_dirs": [str(tmp_path / "ssd")],
              "ssd_bytes": 64 * SLOT, "admission": "full-duplicate", "promotion": "none"}
@@ -142,33 +155,39 @@ def test_corrupt_ssd_pages_are_recomputed(model, baseline, tmp_path):
         for other in ("c", "e"):
             generate(llm, baseline[other][0])
         s.cache.flush()
+        keys = _keys(s, a)
+        assert s.cache.lookup(keys).blocks_from(Tier.SSD) == 9
         _corrupt_store(tmp_path / "ssd")
-        toks, cached = generate(llm, a)
+        toks, _ = generate(llm, a)
         assert same_greedy(toks, want_a)
-        assert s.cache.stats.ssd_read_failures > 0
-        assert cached < 288
+        assert worker(llm).coordinator.totals["ssd_blocks_failed"] == 9
+        assert s.cache.stats.ssd_read_failures == 9 and s.cache.stats.hit_blocks["SSD"] == 0
+        assert s.cache.lookup(keys).blocks_from(Tier.SSD) == 0    # the bad copies are gone
+        # The recomputed blocks were stored again: the next request hits them.
+        expect(generate(llm, a), want_a, 288)
 
 
 def test_failed_page_copy_is_recomputed_by_vllm(model, baseline, monkeypatch):
     """A worker copy that fails goes back to vLLM as invalid blocks
     (get_block_ids_with_load_errors); vLLM recomputes them."""
-    from saria.connector import worker
+    from saria.connector.meta import Medium
+    from saria.connector.worker import PageCopier
 
     a, want_a = baseline["a"]
-    real = worker.Copier._copy
+    real = PageCopier.copy
 
-    def failing(self, op, layer, load):
-        if load:
+    def failing(self, t, layer):
+        if t.src == Medium.DRAM:
             raise OSError("injected copy failure")
-        return real(self, op, layer, load)
+        return real(self, t, layer)
 
     with engine(model, {"dram_bytes": 64 * SLOT}) as llm:
         generate(llm, a)
-        monkeypatch.setattr(worker.Copier, "_copy", failing)
+        monkeypatch.setattr(PageCopier, "copy", failing)
         toks, _ = generate(llm, a)
         assert same_greedy(toks, want_a)
         assert sched(llm).counters["load_failures"] >= 1
-        monkeypatch.setattr(worker.Copier, "_copy", real)
+        monkeypatch.setattr(PageCopier, "copy", real)
         expect(generate(llm, a), want_a, 288)
 
 

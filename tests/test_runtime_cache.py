@@ -13,6 +13,7 @@ from saria.index import Tier
 from saria.keys import BlockHasher, keys_to_array
 from saria.runtime import CacheConfig, TieredCache
 from saria.sim.real import synthetic_rows
+from saria.tiers.ssd import DATA_FILE_NAME
 
 BB = 8192  # block bytes: small blocks keep the tests fast
 HASHER = BlockHasher(16, seed="runtime-test")
@@ -63,7 +64,7 @@ def test_corrupted_ssd_block_is_a_miss_not_wrong_bytes(tmp_path):
         assert plan.blocks_from(Tier.SSD) == 6
         # Flip one payload byte of a's third block in the data file.
         handle = int(plan.slots[2])
-        data = next((tmp_path / "d0").iterdir())
+        data = tmp_path / "d0" / DATA_FILE_NAME
         off = 4096 + handle * cache.backend.ssd.slot_bytes + 64 + 100
         with open(data, "r+b") as f:
             f.seek(off)

@@ -1,8 +1,10 @@
-"""TieredCache's copier-facing calls (prepare/complete store, stage/release), which the
-vLLM connector drives while a worker process moves the bytes: the bytes a
-stage exposes are the bytes a commit accepted, whatever evictions, SSD round
-trips and failures happened in between -- checked by a hypothesis state
-machine against a plain dict model -- plus the shared DRAM pool."""
+"""TieredCache's two-phase calls as the vLLM connector drives them while a
+worker process moves the bytes -- DRAM slots through the shared pool, SSD
+blocks through a read-only reader of the same drive files: the bytes a load
+names are the bytes a completed store accepted, whatever evictions, SSD round
+trips, promotions and failures happened in between (a hypothesis state
+machine against a plain dict model); plus the shared DRAM pool and the one
+owner per drive."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from saria.keys import BlockHasher, keys_to_array
 from saria.runtime import CacheConfig, TieredCache
 from saria.sim.real import synthetic_rows
 from saria.tiers.dram import DramPool, DramPoolError
+from saria.tiers.ssd import SsdStore
 
 BB = 4096
 HASHER = BlockHasher(4, seed="external-test")
@@ -63,36 +66,71 @@ def test_failed_fill_leaves_no_trace(tmp_path):
         assert cache.backend.ssd.stats()["total"]["blocks_written"] == 0   # admission never saw them
 
 
-def test_stage_reads_ssd_blocks_into_spare_slots_and_promotes(tmp_path):
-    with make(tmp_path) as cache:
+def worker_read(cache: TieredCache, reader: SsdStore, spec) -> tuple[np.ndarray, np.ndarray]:
+    """What the connector's worker does with a load: DRAM slots from the
+    shared pool, SSD handles through its own read-only view of the drives.
+    Returns the rows and the positions whose SSD read failed."""
+    rows = np.zeros((spec.num_blocks, BB), np.uint8)
+    dram, ssd = spec.positions(Tier.DRAM), spec.positions(Tier.SSD)
+    if dram.size:
+        cache.backend.pool.gather(spec.slots[dram], part := np.empty((dram.size, BB), np.uint8))
+        rows[dram] = part
+    failed = ssd[:0]
+    if ssd.size:
+        part = np.empty((ssd.size, BB), np.uint8)
+        ok = reader.read(spec.slots[ssd], spec.path[ssd], part)
+        rows[ssd] = part
+        failed = ssd[~ok]
+    return rows, failed
+
+
+def test_worker_reads_ssd_blocks_and_promotes_from_its_copy(tmp_path):
+    with make(tmp_path) as cache, SsdStore.reader(cache.backend.ssd.dirs, BB) as reader:
         a, b = chain(1, 4), chain(2, 6)
         fill(cache, a)
         fill(cache, b)                                 # pushes a out of DRAM, a is on SSD
         plan = cache.lookup(a)
         assert plan.blocks_from(Tier.SSD) == 4
-        s = cache.stage(a)
-        assert s.num_blocks == 4 and s.ssd_positions.tolist() == [0, 1, 2, 3]
-        rows = np.empty((4, BB), np.uint8)
-        cache.backend.pool.gather(s.slots, rows)
-        assert (rows == synthetic_rows(a, BB)).all()
-        assert cache.release(s) == 4                   # promotion "full": kept, no copy
+        spec = cache.prepare_load(a, 4)
+        assert spec.positions(Tier.SSD).tolist() == [0, 1, 2, 3]
+        rows, failed = worker_read(cache, reader, spec)
+        assert failed.size == 0 and (rows == synthetic_rows(a, BB)).all()
+        assert cache.complete_load(spec, failed) == 4
+        promo = cache.prepare_promotion(a, spec.positions(Tier.SSD), 0)   # "full"
+        cache.backend.pool.scatter(promo.slots, rows[promo.positions])     # from the KV copy
+        assert cache.complete_store(promo) == 4
         assert cache.lookup(a).blocks_from(Tier.DRAM) == 4
+        assert cache.stats.promoted_blocks == 4
 
 
-def test_stage_stops_before_a_corrupt_ssd_block(tmp_path):
-    with make(tmp_path, promotion="none") as cache:
+def test_a_corrupt_ssd_block_is_dropped_and_shortens_the_hit(tmp_path):
+    with make(tmp_path, promotion="none") as cache, \
+            SsdStore.reader(cache.backend.ssd.dirs, BB) as reader:
         a, b = chain(1, 4), chain(2, 6)
         fill(cache, a)
         fill(cache, b)
         handles = cache.lookup(a).slots
         _flip_payload(cache, int(handles[2]))
-        s = cache.stage(a)
-        assert s.num_blocks == 2 and s.failed == 1
+        spec = cache.prepare_load(a, 4)
+        rows, failed = worker_read(cache, reader, spec)
+        assert failed.tolist() == [2] and not rows[2].any()        # zeroed, never wrong bytes
+        assert cache.complete_load(spec, failed) == 2
         assert cache.stats.ssd_read_failures == 1
-        cache.release(s)
         assert cache.lookup(a).num_blocks == 2         # the bad copy left the SSD tier
-        # the spare slots all went back: only b's DRAM blocks hold slots
-        assert cache.backend.pool.used_slots == cache.lookup(b).blocks_from(Tier.DRAM)
+        assert cache.index.slot_of(bytes(a[3]), Tier.SSD) is not None  # the others stay
+
+
+def test_one_owner_per_drive(tmp_path):
+    with make(tmp_path) as cache:
+        with pytest.raises(OSError, match=f"{tmp_path / 'd0'} is in use by another saria cache "
+                                          f"\\(pid {os.getpid()}\\)"):
+            make(tmp_path)
+        reader = SsdStore.reader(cache.backend.ssd.dirs, BB)   # readers take no lock
+        with pytest.raises(Exception, match="read-only"):
+            reader.write(chain(9, 1), np.zeros((1, BB), np.uint8))
+        reader.close()
+    with make(tmp_path) as again:                      # the owner closed: free again
+        assert again.backend.ssd is not None
 
 
 def test_events_follow_residency(tmp_path):
@@ -110,8 +148,9 @@ def test_events_follow_residency(tmp_path):
 
 
 class ExternalCopyMachine(RuleBasedStateMachine):
-    """Random requests over a small prefix tree; every staged slot must hold
-    exactly the bytes committed for its key (the model: key -> committed)."""
+    """Random requests over a small prefix tree, read by a worker from DRAM
+    and SSD; every block a load names must hold exactly the bytes committed
+    for its key (the model: key -> committed)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -120,9 +159,11 @@ class ExternalCopyMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="saria-ext-")
         self.cache = make(type("P", (), {"__truediv__": lambda s, x: os.path.join(self.dir, x)})(),
                           promotion="lazy", admission="saria")
+        self.reader = SsdStore.reader(self.cache.backend.ssd.dirs, BB)
         self.committed: set[bytes] = set()
 
     def teardown(self) -> None:
+        self.reader.close()
         self.cache.close()
 
     def _keys(self, trunk: int, branch: int, n: int) -> np.ndarray:
@@ -135,18 +176,22 @@ class ExternalCopyMachine(RuleBasedStateMachine):
           fail=st.booleans())
     def request(self, trunk, branch, n, fail):
         keys = self._keys(trunk, branch, n)
-        s = self.cache.stage(keys)
-        rows = np.empty((s.num_blocks, BB), np.uint8)
-        self.cache.backend.pool.gather(s.slots, rows)
-        assert (rows == synthetic_rows(s.path, BB)).all()
-        for k in s.path:
+        plan = self.cache.lookup(keys)
+        spec = self.cache.prepare_load(keys, plan.num_blocks)
+        rows, failed = worker_read(self.cache, self.reader, spec)
+        assert failed.size == 0
+        assert (rows == synthetic_rows(spec.path, BB)).all()
+        for k in spec.path:
             assert bytes(k) in self.committed
-        res = self.cache.prepare_store(keys, s.num_blocks)
-        self.cache.release(s)
+        served = self.cache.complete_load(spec, failed)
+        res = self.cache.prepare_store(keys, served)
         self.cache.backend.pool.scatter(res.slots, synthetic_rows(res.keys, BB))
         self.cache.complete_store(res, success=not fail)
         if not fail:
             self.committed.update(bytes(k) for k in res.path[res.positions])
+        promo = self.cache.prepare_promotion(keys, spec.positions(Tier.SSD), 0)
+        self.cache.backend.pool.scatter(promo.slots, rows[promo.positions])
+        self.cache.complete_store(promo)
 
     @invariant()
     def index_consistent(self):
@@ -176,11 +221,10 @@ def test_shared_pool_is_one_memory_in_two_mappings(tmp_path):
 
 
 def _flip_payload(cache: TieredCache, handle: int) -> None:
-    from saria.tiers.ssd import slot_bytes_for
+    from saria.tiers.ssd import DATA_FILE_NAME, slot_bytes_for
 
     d = cache.backend.ssd.dirs[0]
-    (name,) = [f for f in os.listdir(d) if not f.startswith(".")]
-    with open(os.path.join(d, name), "r+b") as f:
+    with open(os.path.join(d, DATA_FILE_NAME), "r+b") as f:
         off = 4096 + handle * slot_bytes_for(BB) + 64 + 100
         f.seek(off)
         b = f.read(1)

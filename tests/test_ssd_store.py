@@ -635,3 +635,75 @@ def test_allocator_random_ops_against_a_model(tmp_path):
         if len(hs):
             out, ok = s.load(hs, np.stack([live[x][0] for x in hs]))
             assert ok.all() and np.array_equal(out, np.stack([live[x][1] for x in hs]))
+
+
+# ---------------------------------------------------------------------------
+# readers and the one owner per drive
+# ---------------------------------------------------------------------------
+def test_a_reader_sees_what_the_owner_writes(tmp_path):
+    """The vLLM workers' view: the owner's drive files opened read-only,
+    O_DIRECT, every block verified (key, header and payload crc)."""
+    bb = 8192
+    dirs = [tmp_path / "d0", tmp_path / "d1"]
+    with SsdStore(dirs, cap_for(32, bb), bb) as owner:
+        keys, data = keys_for(20), random_blocks(20, bb)
+        h = owner.write(keys[:10], data[:10])
+        with SsdStore.reader(dirs, bb) as reader:
+            assert reader.read_only and reader.capacity_slots == owner.capacity_slots
+            out, ok = reader.load(h, keys[:10])
+            assert ok.all() and (out == data[:10]).all()
+            h2 = owner.write(keys[10:], data[10:])       # written after the reader opened
+            out, ok = reader.load(h2, keys[10:])
+            assert ok.all() and (out == data[10:]).all()
+            _, ok = reader.load(h2[:2], keys[:2])        # wrong key: refused
+            assert not ok.any()
+            flip_byte(data_file(dirs[int(owner.drive_of(h[3:4])[0])]),
+                      DATA_OFFSET + (int(h[3]) - int(owner._bases[owner.drive_of(h[3:4])[0]]))
+                      * slot_bytes_for(bb) + HEADER_BYTES + 5)
+            out, ok = reader.load(h[3:4], keys[3:4])
+            assert not ok[0] and not out.any()
+            assert reader.stats()["total"]["checksum_failures"] == 1
+            with pytest.raises(Exception, match="read-only reader"):
+                reader.free(h[:1])
+            with pytest.raises(Exception, match="read-only reader"):
+                reader.write(keys[:1], data[:1])
+
+
+def test_a_reader_needs_the_owners_files_and_block_size(tmp_path):
+    bb = 8192
+    with pytest.raises(OSError, match="cannot open .* to read"):
+        SsdStore.reader([tmp_path / "none"], bb)
+    with SsdStore([tmp_path / "d0"], cap_for(4, bb), bb):
+        with pytest.raises(ConfigError, match="block_bytes: .* was created with block_bytes=8192"):
+            SsdStore.reader([tmp_path / "d0"], 4096)
+
+
+OWNER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from saria.tiers.ssd import SsdStore
+s = SsdStore([sys.argv[2]], int(sys.argv[3]), 8192)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_one_owner_per_drive_across_processes(tmp_path):
+    """A second owner of a drive directory is refused, naming the holder's
+    pid; the lock dies with its holder (kill -9), so a restart takes over."""
+    d = tmp_path / "d0"
+    child = subprocess.Popen([sys.executable, "-c", OWNER, str(HERE.parent), str(d),
+                              str(cap_for(8, 8192))], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        with pytest.raises(OSError, match=f"{d} is in use by another saria cache "
+                                          f"\\(pid {child.pid}\\)") as e:
+            SsdStore([d], cap_for(8, 8192), 8192)
+        assert e.value.errno == errno.EBUSY
+        with SsdStore.reader([d], 8192) as reader:      # readers take no lock
+            assert reader.capacity_slots == 8
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    with SsdStore([d], cap_for(8, 8192), 8192) as store:  # the holder died: free
+        assert store.free_slots == 8

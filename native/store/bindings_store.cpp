@@ -79,7 +79,7 @@ NB_MODULE(_store, m) {
           "__init__",
           [](SsdStore* self, std::vector<std::string> dirs, std::vector<uint64_t> capacity_bytes,
              uint64_t block_bytes, int threads, uint64_t unit_bytes, bool durable, bool preallocate, bool direct,
-             bool full_scan, bool allow_degraded) {
+             bool full_scan, bool allow_degraded, bool read_only) {
             StoreOptions o;
             o.dirs = std::move(dirs);
             o.capacity_bytes = std::move(capacity_bytes);
@@ -91,12 +91,13 @@ NB_MODULE(_store, m) {
             o.direct = direct;
             o.full_scan = full_scan;
             o.allow_degraded = allow_degraded;
+            o.read_only = read_only;
             nb::gil_scoped_release rel;
             new (self) SsdStore(o);
           },
           "dirs"_a, "capacity_bytes"_a, "block_bytes"_a, "threads"_a = 0, "unit_bytes"_a = 4u << 20,
           "durable"_a = false, "preallocate"_a = true, "direct"_a = true, "full_scan"_a = true,
-          "allow_degraded"_a = false)
+          "allow_degraded"_a = false, "read_only"_a = false)
       .def(
           "write",
           [](SsdStore& s, KeyArray keys, DataArray data) {
@@ -199,5 +200,6 @@ NB_MODULE(_store, m) {
       .def_prop_ro("free_slots", &SsdStore::free_slots)
       .def_prop_ro("n_drives", &SsdStore::n_drives)
       .def_prop_ro("threads", &SsdStore::threads)
-      .def_prop_ro("closed", &SsdStore::closed);
+      .def_prop_ro("closed", &SsdStore::closed)
+      .def_prop_ro("read_only", &SsdStore::read_only);
 }

@@ -27,9 +27,14 @@ uint64_t SsdStore::balanced_unit(size_t k) const {
   return std::max<uint64_t>(1, std::min<uint64_t>(unit_slots_, per));
 }
 
+void SsdStore::check_writable() const {
+  if (opt_.read_only) throw std::logic_error("this SSD store is a read-only reader: write and free belong to its owner");
+}
+
 void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t* handles) {
   std::shared_lock<std::shared_mutex> life(life_);
   check_open();
+  check_writable();
   for (size_t i = 0; i < k; ++i) handles[i] = -1;
   if (k == 0) return;
   for (auto& d : drives_)
@@ -158,6 +163,7 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
 void SsdStore::sync() {
   std::shared_lock<std::shared_mutex> life(life_);
   check_open();
+  if (opt_.read_only) return;  // a reader wrote nothing
   for (auto& d : drives_) {
     if (d->fd < 0 || d->failed) continue;
     if (::fdatasync(d->fd) != 0) {
@@ -257,6 +263,7 @@ void SsdStore::read(size_t k, const int64_t* handles, const uint8_t* keys, uint8
 size_t SsdStore::free(size_t k, const int64_t* handles) {
   std::shared_lock<std::shared_mutex> life(life_);
   check_open();
+  check_writable();
   std::lock_guard<std::mutex> g(meta_);
   size_t n = 0;
   for (size_t i = 0; i < k; ++i) {

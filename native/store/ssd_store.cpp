@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,7 +25,7 @@ using namespace detail;
 // ---------------------------------------------------------------------------
 SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
   if (opt_.dirs.empty()) throw std::invalid_argument("dirs: at least one drive directory is needed");
-  if (opt_.capacity_bytes.size() != opt_.dirs.size())
+  if (!opt_.read_only && opt_.capacity_bytes.size() != opt_.dirs.size())
     throw std::invalid_argument("capacity_bytes: one capacity per drive is needed (" +
                                 std::to_string(opt_.dirs.size()) + " drives, " +
                                 std::to_string(opt_.capacity_bytes.size()) + " capacities)");
@@ -43,12 +44,24 @@ SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
     dr->dir = opt_.dirs[d];
     while (dr->dir.size() > 1 && dr->dir.back() == '/') dr->dir.pop_back();
     dr->path = dr->dir + "/" + kDataFileName;
-    uint64_t cap = opt_.capacity_bytes[d];
-    if (cap < kDataOffset + slot_bytes_)
-      throw std::invalid_argument("capacity_bytes: drive " + std::to_string(d) + " (" + dr->dir + ") capacity " +
-                                  std::to_string(cap) + " holds no slot of " + std::to_string(slot_bytes_) +
-                                  " bytes (needs at least " + std::to_string(kDataOffset + slot_bytes_) + ")");
-    dr->n_slots = (cap - kDataOffset) / slot_bytes_;
+    if (opt_.read_only) {
+      try {
+        open_reader(*dr);  // sets n_slots from the superblock
+      } catch (...) {
+        for (auto& x : drives_)
+          if (x->fd >= 0) ::close(x->fd);
+        if (dr->fd >= 0) ::close(dr->fd);
+        throw;
+      }
+    } else {
+      uint64_t cap = opt_.capacity_bytes[d];
+      if (cap < kDataOffset + slot_bytes_)
+        throw std::invalid_argument("capacity_bytes: drive " + std::to_string(d) + " (" + dr->dir +
+                                    ") capacity " + std::to_string(cap) + " holds no slot of " +
+                                    std::to_string(slot_bytes_) + " bytes (needs at least " +
+                                    std::to_string(kDataOffset + slot_bytes_) + ")");
+      dr->n_slots = (cap - kDataOffset) / slot_bytes_;
+    }
     dr->base = base;
     base += dr->n_slots;
     drives_.push_back(std::move(dr));
@@ -64,6 +77,10 @@ SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
 
   nthreads_ = opt_.threads > 0 ? opt_.threads : static_cast<int>(4 * drives_.size());
   pool_ = std::make_unique<ThreadPool>(nthreads_);
+  if (opt_.read_only) {
+    for (auto& dr : drives_) dr->slots.reset(dr->n_slots);
+    return;
+  }
 
   size_t usable = 0;
   for (size_t d = 0; d < drives_.size(); ++d) {
@@ -75,20 +92,19 @@ SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
     } catch (const OsFailure& e) {
       if (!opt_.allow_degraded) {
         pool_.reset();
-        for (auto& x : drives_)
-          if (x->fd >= 0) ::close(x->fd);
+        release_all();
         throw;
       }
       mark_failed(dr, e.err, e.what());
     } catch (...) {
       pool_.reset();
-      for (auto& x : drives_)
-        if (x->fd >= 0) ::close(x->fd);
+      release_all();
       throw;
     }
   }
   if (usable == 0) {
     pool_.reset();
+    release_all();
     throw OsFailure(drives_[0]->last_errno, "no drive could be opened; first error: " + drives_[0]->last_error);
   }
 
@@ -183,6 +199,83 @@ void SsdStore::create_file(Drive& dr, uint32_t index) {
   dr.fd = fd;
 }
 
+void SsdStore::release_all() {
+  for (auto& x : drives_) {
+    if (x->fd >= 0) ::close(x->fd);
+    if (x->owner_fd >= 0) ::close(x->owner_fd);
+    x->fd = x->owner_fd = -1;
+  }
+}
+
+void SsdStore::check_superblock(const uint8_t* sb, const Drive& dr, bool know_slots) {
+  if (std::memcmp(sb, kSuperMagic, 8) != 0 || crc32c(0, sb, kSuperCrcAt) != get32(sb + kSuperCrcAt))
+    throw std::invalid_argument("dirs: " + dr.path + " is not a saria SSD data file (bad or torn superblock); "
+                                "move it away");
+  if (get32(sb + 8) != kFormatVersion)
+    throw std::invalid_argument("dirs: " + dr.path + " has on-disk format version " + std::to_string(get32(sb + 8)) +
+                                ", this build reads " + std::to_string(kFormatVersion));
+  if (get64(sb + 16) != block_bytes_)
+    throw std::invalid_argument("block_bytes: " + dr.path + " was created with block_bytes=" +
+                                std::to_string(get64(sb + 16)) + ", not " + std::to_string(block_bytes_));
+  if (get64(sb + 24) != slot_bytes_ || get64(sb + 40) != kDataOffset)
+    throw std::invalid_argument("dirs: " + dr.path + " has an unexpected slot layout");
+  if (know_slots && get64(sb + 32) != dr.n_slots)
+    throw std::invalid_argument("capacity_bytes: " + dr.path + " was created with " + std::to_string(get64(sb + 32)) +
+                                " slots (capacity " + std::to_string(kDataOffset + get64(sb + 32) * slot_bytes_) +
+                                " bytes), not " + std::to_string(dr.n_slots) + "; open it with the same capacity");
+}
+
+void SsdStore::open_reader(Drive& dr) {
+  int fd = ::open(dr.path.c_str(), O_RDONLY | O_CLOEXEC | (opt_.direct ? O_DIRECT : 0));
+  if (fd < 0) {
+    int e = errno;
+    throw OsFailure(e, "drive " + dr.dir + ": cannot open " + dr.path + " to read: " + errstr(e));
+  }
+  dr.fd = fd;
+  uint8_t* sb = tl_buf.get(kAlign);
+  ssize_t r;
+  do {
+    r = ::pread(fd, sb, kAlign, 0);
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) {
+    int e = errno;
+    throw OsFailure(e, "drive " + dr.dir + ": cannot read the superblock: " + errstr(e));
+  }
+  dr.bytes_read += static_cast<uint64_t>(r);
+  if (r != static_cast<ssize_t>(kAlign))
+    throw std::invalid_argument("dirs: " + dr.path + " is shorter than a superblock");
+  check_superblock(sb, dr, false);
+  dr.n_slots = get64(sb + 32);
+}
+
+void SsdStore::take_ownership(Drive& dr) {
+  std::string path = dr.dir + "/" + kOwnerFileName;
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    int e = errno;
+    throw OsFailure(e, "drive " + dr.dir + ": cannot open " + path + ": " + errstr(e));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    char buf[64] = {0};
+    ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+    ::close(fd);
+    std::string holder = n > 0 ? std::string(buf, static_cast<size_t>(n)) : "unknown";
+    while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
+    if (e == EWOULDBLOCK)
+      throw OsFailure(EBUSY, "drive " + dr.dir + " is in use by another saria cache (pid " + holder +
+                                 "); give each cache its own directory, or share one through saria serve");
+    throw OsFailure(e, "drive " + dr.dir + ": cannot lock " + path + ": " + errstr(e));
+  }
+  std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    int e = errno;
+    ::close(fd);
+    throw OsFailure(e, "drive " + dr.dir + ": cannot write " + path + ": " + errstr(e));
+  }
+  dr.owner_fd = fd;
+}
+
 void SsdStore::open_drive(size_t d, uint32_t index) {
   Drive& dr = *drives_[d];
   struct stat st;
@@ -198,6 +291,7 @@ void SsdStore::open_drive(size_t d, uint32_t index) {
   } else if (!S_ISDIR(st.st_mode)) {
     throw OsFailure(ENOTDIR, "drive " + dr.dir + ": not a directory");
   }
+  take_ownership(dr);
   int flags = O_RDWR | O_CLOEXEC | (opt_.direct ? O_DIRECT : 0);
   int fd = ::open(dr.path.c_str(), flags);
   if (fd < 0 && errno == ENOENT) {
@@ -227,21 +321,13 @@ void SsdStore::open_drive(size_t d, uint32_t index) {
       dr.fd = -1;
       throw OsFailure(e, "drive " + dr.dir + ": cannot read the superblock: " + errstr(e));
     }
-    if (r != static_cast<ssize_t>(kAlign) || std::memcmp(sb, kSuperMagic, 8) != 0 ||
-        crc32c(0, sb, kSuperCrcAt) != get32(sb + kSuperCrcAt))
+    if (r != static_cast<ssize_t>(kAlign))
       bad("dirs: " + dr.path + " is not a saria SSD data file (bad or torn superblock); move it away");
-    if (get32(sb + 8) != kFormatVersion)
-      bad("dirs: " + dr.path + " has on-disk format version " + std::to_string(get32(sb + 8)) + ", this build reads " +
-          std::to_string(kFormatVersion));
-    if (get64(sb + 16) != block_bytes_)
-      bad("block_bytes: " + dr.path + " was created with block_bytes=" + std::to_string(get64(sb + 16)) +
-          ", not " + std::to_string(block_bytes_));
-    if (get64(sb + 24) != slot_bytes_ || get64(sb + 40) != kDataOffset)
-      bad("dirs: " + dr.path + " has an unexpected slot layout");
-    if (get64(sb + 32) != dr.n_slots)
-      bad("capacity_bytes: " + dr.path + " was created with " + std::to_string(get64(sb + 32)) +
-          " slots (capacity " + std::to_string(kDataOffset + get64(sb + 32) * slot_bytes_) + " bytes), not " +
-          std::to_string(dr.n_slots) + "; open it with the same capacity");
+    try {
+      check_superblock(sb, dr, true);
+    } catch (const std::invalid_argument& ex) {
+      bad(ex.what());
+    }
     struct stat fst;
     if (::fstat(fd, &fst) == 0 && static_cast<uint64_t>(fst.st_size) < kDataOffset + dr.n_slots * slot_bytes_)
       bad("dirs: " + dr.path + " is shorter than its superblock says (truncated?)");
@@ -514,9 +600,13 @@ void SsdStore::close() {
   pool_.reset();
   for (auto& d : drives_) {
     if (d->fd >= 0) {
-      if (opt_.durable && !d->failed) ::fdatasync(d->fd);
+      if (opt_.durable && !d->failed && !opt_.read_only) ::fdatasync(d->fd);
       ::close(d->fd);
       d->fd = -1;
+    }
+    if (d->owner_fd >= 0) {  // closing the lock's only descriptor releases it
+      ::close(d->owner_fd);
+      d->owner_fd = -1;
     }
   }
 }

@@ -111,6 +111,9 @@ constexpr uint64_t kHeaderBytes = 64;
 constexpr uint64_t kDataOffset = 4096;
 constexpr size_t kKeyBytes = 32;
 constexpr const char* kDataFileName = "saria-ssd.data";
+// One writer per drive: the owner holds an exclusive flock on this file
+// (released by the kernel when the process dies) and writes its pid in it.
+constexpr const char* kOwnerFileName = "saria-ssd.owner";
 
 uint32_t crc32c(uint32_t crc, const void* data, size_t n);
 bool crc32c_hw();
@@ -133,6 +136,11 @@ struct StoreOptions {
   bool direct = true;                    // O_DIRECT
   bool full_scan = true;                 // verify payload crcs on open
   bool allow_degraded = false;           // a drive failing at open is marked failed
+  // A reader: opens existing data files read-only (O_DIRECT), takes their
+  // size from the superblock (capacity_bytes is ignored), takes no owner
+  // lock, scans nothing; read() only. The engine's workers read SSD blocks
+  // straight into KV pages this way while the owner (the scheduler) writes.
+  bool read_only = false;
 };
 
 struct DriveStats {
@@ -165,6 +173,7 @@ struct Injection {
 struct Drive {
   std::string dir, path;
   int fd = -1;
+  int owner_fd = -1;                       // flock'ed saria-ssd.owner (writers only)
   uint64_t n_slots = 0, base = 0;
   dev_t dev = 0;
   ino_t ino = 0;
@@ -217,10 +226,16 @@ class SsdStore {
   uint64_t next_seq() const { return seq_.load(); }
   size_t n_drives() const { return drives_.size(); }
   bool closed() const { return closed_; }
+  bool read_only() const { return opt_.read_only; }
   int threads() const { return nthreads_; }
 
  private:
   void open_drive(size_t d, uint32_t index);
+  void open_reader(Drive& dr);
+  void take_ownership(Drive& dr);
+  void check_superblock(const uint8_t* sb, const Drive& dr, bool know_slots);
+  void check_writable() const;
+  void release_all();  // closes every descriptor (a failed open)
   void create_file(Drive& dr, uint32_t index);
   void scan_drive(size_t d, std::vector<FoundRecord>* out);
   void mark_failed(Drive& dr, int err, const std::string& what);

@@ -15,8 +15,13 @@ hash_algo          "sha256_cbor" (default) or "xxhash_cbor"
 admission          a ``saria replay`` policy name: saria, full-duplicate, ...
 promotion          none, full or lazy (lazy)
 promotion_r        lazy promotion's DRAM share (0.8)
+promotion_min_age_s  lazy promotion takes only DRAM slots idle this long (60)
 write_queue        pending SSD write batches before writes are dropped (256)
 op_timeout_s       seconds before a copy no worker acked counts as failed (300)
+coordinator        how a worker runs a load's DRAM copies and SSD reads: serial,
+                   overlap or paced (paced)
+ingress_bytes_per_s  the GPU's ingress link for pacing (default: the DRAM copy
+                   rate the worker measures, i.e. copies alone fill the link)
 events             keep KV events for ``take_events`` (true)
 metrics_port       serve Prometheus metrics on this port (none)
 dwpd               the drives' rated drive writes per day, for the budget (1)
@@ -42,11 +47,12 @@ import psutil
 from saria.errors import ConfigError
 from saria.keys.hashing import DEFAULT_SEED, resolve_algo
 from saria.policy import make_admission, make_promotion
+from saria.transfer import COORDINATOR_MODES
 from saria.units import parse_size
 
 KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admission",
-        "promotion", "promotion_r", "write_queue", "op_timeout_s", "events", "metrics_port",
-        "dwpd", "config_file")
+        "promotion", "promotion_r", "promotion_min_age_s", "write_queue", "op_timeout_s", "coordinator",
+        "ingress_bytes_per_s", "events", "metrics_port", "dwpd", "config_file")
 
 
 @dataclass(frozen=True)
@@ -59,8 +65,11 @@ class ConnectorConfig:
     admission: str = "saria"
     promotion: str = "lazy"
     promotion_r: float = 0.8
+    promotion_min_age_s: float = 60.0
     write_queue: int = 256
     op_timeout_s: float = 300.0
+    coordinator: str = "paced"
+    ingress_bytes_per_s: float | None = None
     events: bool = True
     metrics_port: int | None = None
     dwpd: float = 1.0
@@ -69,6 +78,14 @@ class ConnectorConfig:
     @property
     def has_ssd(self) -> bool:
         return bool(self.ssd_dirs) and self.ssd_bytes > 0
+
+    def store_dirs(self, geo) -> tuple[str, ...]:
+        """The SSD store's drive directories for this engine's layout:
+        ``<ssd_dir>/saria-<namespace>`` (empty without an SSD tier)."""
+        if not self.has_ssd:
+            return ()
+        ns = geo.namespace(self.hash_algo, self.hash_seed)
+        return tuple(os.path.join(d, f"saria-{ns}") for d in self.ssd_dirs)
 
 
 def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
@@ -122,12 +139,24 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
             raise ConfigError(key, str(e).split(": ", 1)[-1]) from None
         except (ValueError, KeyError) as e:
             raise ConfigError(key, str(e).strip("'\"")) from None
+    age = raw.get("promotion_min_age_s", 60.0)
+    if isinstance(age, bool) or not isinstance(age, (int, float)) or not age >= 0:
+        raise ConfigError("promotion_min_age_s", f"must be a number of seconds >= 0, got {age!r}")
     wq = raw.get("write_queue", 256)
     if isinstance(wq, bool) or not isinstance(wq, int) or wq < 1:
         raise ConfigError("write_queue", f"must be an integer >= 1, got {wq!r}")
     timeout = raw.get("op_timeout_s", 300.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ConfigError("op_timeout_s", f"must be a positive number of seconds, got {timeout!r}")
+    coordinator = raw.get("coordinator", "paced")
+    if coordinator not in COORDINATOR_MODES:
+        raise ConfigError("coordinator", f"must be one of {', '.join(COORDINATOR_MODES)}, "
+                          f"got {coordinator!r}")
+    ingress = raw.get("ingress_bytes_per_s")
+    if ingress is not None:
+        ingress = _size(raw, "ingress_bytes_per_s")
+        if ingress <= 0:
+            raise ConfigError("ingress_bytes_per_s", "must be positive")
     events = raw.get("events", True)
     if not isinstance(events, bool):
         raise ConfigError("events", f"must be true or false, got {events!r}")
@@ -138,9 +167,13 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
     dwpd = raw.get("dwpd", 1.0)
     if isinstance(dwpd, bool) or not isinstance(dwpd, (int, float)) or not dwpd > 0:
         raise ConfigError("dwpd", f"must be a positive number, got {dwpd!r}")
-    return ConnectorConfig(dram, tuple(os.path.abspath(d) for d in dirs), ssd, str(seed), algo,
-                           admission, promotion, float(r), wq, float(timeout), events, port,
-                           float(dwpd), dict(extra or {}))
+    return ConnectorConfig(
+        dram_bytes=dram, ssd_dirs=tuple(os.path.abspath(d) for d in dirs), ssd_bytes=ssd,
+        hash_seed=str(seed), hash_algo=algo, admission=admission, promotion=promotion,
+        promotion_r=float(r), promotion_min_age_s=float(age), write_queue=wq,
+        op_timeout_s=float(timeout), coordinator=coordinator,
+        ingress_bytes_per_s=None if ingress is None else float(ingress), events=events,
+        metrics_port=port, dwpd=float(dwpd), extra=dict(extra or {}))
 
 
 def _size(raw: dict, key: str) -> int:

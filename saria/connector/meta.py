@@ -3,21 +3,30 @@
 Scheduler -> worker: ``SariaMetadata`` rides in ``scheduler_output`` (pickled).
 Worker -> scheduler: ``SariaWorkerMetadata`` rides in ``KVConnectorOutput``.
 
-A copy is an *op* with an id unique within the engine. Block ``i`` of an op
-moves between the engine's KV block ``block_ids[i]`` and the shared DRAM
-pool's slot ``slots[i]``; a slot holds every layer's page of the block, one
-after the other (and every tensor-parallel rank's, rank-major). Invariants:
+A copy is a ``Transfer`` of whole blocks from one medium to another, named
+by both ends (vLLM ``kv_offload``'s typed specs): the engine's KV pages
+(``KV``: GPU or CPU, by KV block id), saria's DRAM pool (``DRAM``: by slot; a
+slot holds every layer's page of the block, one after the other, and every
+tensor-parallel rank's, rank-major) and saria's SSD store (``SSD``: by
+handle, with the block's key, which the store verifies). The worker picks a
+handler by the (source, destination) pair. One op (an id unique within the
+engine) may carry several transfers: a load from DRAM and SSD at once.
+Invariants:
 
-* the scheduler locks an op's slots in the index until the worker reports the
-  op done, so no eviction reuses a slot mid-copy;
-* the worker runs ops in the order it receives them, per layer, on one copy
-  thread: a load of a block stored by an earlier op reads the stored bytes;
+* the scheduler locks an op's blocks in the index until every worker reported
+  the op, so no eviction reuses a slot or SSD handle mid-copy;
+* a worker runs a step's transfers to the pool in order, per layer: a load of a
+  block stored by an earlier op reads the stored bytes;
 * a store op is reported done only when all its layers are in the pool; only
-  then may the scheduler let admission read the slots (an SSD write).
+  then may admission read the slots (an SSD write);
+* an SSD block that fails its read (I/O, checksum, wrong key) is reported by
+  handle: its KV block goes to vLLM as invalid (recomputed) and the scheduler
+  drops the copy from the SSD tier.
 """
 
 from __future__ import annotations
 
+import enum
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -25,18 +34,37 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorMetada
                                                                 KVConnectorWorkerMetadata)
 
 
+class Medium(str, enum.Enum):
+    KV = "kv"        # the engine's KV pages, by KV block id
+    DRAM = "dram"    # saria's shared DRAM pool, by slot
+    SSD = "ssd"      # saria's SSD store, by handle
+
+
 @dataclass
-class CopyOp:
+class Transfer:
+    """Block ``i`` moves from ``src_ids[i]`` in ``src`` to ``dst_ids[i]`` in
+    ``dst``. ``keys`` (32 bytes per block, concatenated) name SSD sources."""
+
     op_id: int
     req_id: str
-    block_ids: list[int]
-    slots: list[int]
+    src: Medium
+    dst: Medium
+    src_ids: list[int]
+    dst_ids: list[int]
+    keys: bytes = b""
+
+    @property
+    def kind(self) -> tuple[Medium, Medium]:
+        return (self.src, self.dst)
+
+    def __len__(self) -> int:
+        return len(self.src_ids)
 
 
 @dataclass
 class SariaMetadata(KVConnectorMetadata):
-    loads: list[CopyOp] = field(default_factory=list)
-    stores: list[CopyOp] = field(default_factory=list)
+    loads: list[Transfer] = field(default_factory=list)    # into KV pages, before the forward
+    stores: list[Transfer] = field(default_factory=list)   # out of KV pages, as layers finish
     # requests whose block free the scheduler delayed: report each in
     # finished_sending once its store ops are done
     delayed: list[str] = field(default_factory=list)
@@ -50,6 +78,10 @@ class SariaMetadata(KVConnectorMetadata):
 class SariaWorkerMetadata(KVConnectorWorkerMetadata):
     done: Counter = field(default_factory=Counter)     # op id -> workers done
     failed: Counter = field(default_factory=Counter)   # op id -> workers failed
+    bad_ssd: dict = field(default_factory=dict)        # op id -> SSD handles that failed their read
 
     def aggregate(self, other: "SariaWorkerMetadata") -> "SariaWorkerMetadata":
-        return SariaWorkerMetadata(self.done + other.done, self.failed + other.failed)
+        bad = {k: sorted(set(v)) for k, v in self.bad_ssd.items()}
+        for k, v in other.bad_ssd.items():
+            bad[k] = sorted(set(bad.get(k, [])) | set(v))
+        return SariaWorkerMetadata(self.done + other.done, self.failed + other.failed, bad)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -26,9 +26,10 @@ class PendingOp:
     op_id: int
     kind: str          # "load" or "store"
     req_id: str
-    spec: Any          # the cache's LoadSpec / StoreSpec / Staged
+    spec: Any          # the cache's LoadSpec or StoreSpec
     deadline: float
     acks: int = 0
+    bad: list = field(default_factory=list)  # SSD handles a worker could not read (loads)
 
 
 class OpTracker:
@@ -51,15 +52,17 @@ class OpTracker:
                                           self._clock() + self.timeout_s)
         return self._next
 
-    def ack(self, op_id: int, *, ok: bool, count: int = 1) -> PendingOp | None:
-        """Records `count` workers' result for an op; returns the op once it
-        is finished (every worker ok, or any one failed), else None. Acks for
-        unknown ops (already failed, or expired) are ignored."""
+    def ack(self, op_id: int, *, ok: bool, count: int = 1, bad=()) -> PendingOp | None:
+        """Records `count` workers' result for an op (with the SSD handles
+        they could not read); returns the op once it is finished (every
+        worker ok, or any one failed), else None. Acks for unknown ops
+        (already failed, or expired) are ignored."""
         op = self._ops.get(op_id)
         if op is None:
             return None
         if not ok:
             return self._ops.pop(op_id)
+        op.bad.extend(h for h in bad if h not in op.bad)
         op.acks += count
         if op.acks >= self.world:
             return self._ops.pop(op_id)

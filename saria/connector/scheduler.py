@@ -3,29 +3,35 @@
 Why here. vLLM runs the scheduler connector and the worker connectors in
 different processes that share nothing but the pickled per-step metadata.
 saria's decisions (what is cached where, what admission writes to the SSD,
-what promotion keeps) are all scheduler decisions, and ``TieredCache`` makes
-them atomically under one lock -- so the whole cache lives here: index,
-policies, the SSD store (its I/O threads release the GIL) and the owner's view
-of the DRAM pool. The pool itself is shared memory (``/dev/shm``); workers map
-it and only copy pages between it and their KV tensors, in the slots this
-side names. This is LMCache's multi-process split (storage in one place,
-GPU copies in the workers) rather than vLLM's OffloadingConnector split (the
-worker owns the host buffers), because the SSD path reads into DRAM slots the
-scheduler allocates and must lock.
+what promotion keeps) are all scheduler decisions, made by the one cache core
+(``TieredCache`` over ``saria.core.CacheManager``) -- so the core lives here:
+index, policies, the SSD store's owner (its writer) and the allocator of the
+DRAM pool. The pool itself is shared memory (``/dev/shm``) and the SSD
+store's drive files are opened read-only by the workers, which move every
+byte of a load or store in the slots and handles this side names (LMCache's
+multi-process split: storage decisions in one place, copies in the workers).
 
 Flow per request (``keys`` are saria block keys of the request's tokens):
 
-* ``get_num_new_matched_tokens``: the index's longest cached prefix beyond
-  vLLM's own hit. A DRAM-only hit is staged (locked) at once; a hit with SSD
-  blocks is read into spare DRAM slots on a background thread, and vLLM is
-  told "ask again later" (``None``) until the read is done. A failed SSD read
-  only shortens the hit: vLLM is never promised a block saria cannot serve.
-* ``update_state_after_alloc``: the staged blocks become a load op into the
-  request's new KV blocks (synchronous: done before its layers run).
+* ``get_num_new_matched_tokens``: the longest prefix cached in any tier
+  beyond vLLM's own hit, locked at once (``prepare_load``) so no eviction
+  can take it before the copy. A hit is never capped by DRAM: SSD blocks are
+  read by the workers straight into KV pages.
+* ``update_state_after_alloc``: the locked prefix becomes a load op: DRAM ->
+  KV and SSD -> KV transfers into the request's new KV blocks (synchronous:
+  done before its layers run).
 * ``build_connector_meta``: every request's newly computed full blocks get DRAM
-  slots (``TieredCache.reserve``) and become a store op.
-* ``update_connector_output``: ops the workers finished are completed
-  (stores: admission may now write them to the SSD; loads: promotion).
+  slots (``prepare_store``) and become a store op. Under a write-through
+  policy the blocks DRAM cannot keep (a prompt longer than the free DRAM)
+  still go to the SSD, as the replay assumes: copied into a few staging slots
+  and written from there, in waves as staging frees up (a finished request
+  keeps its KV pages until its last wave is copied). A request whose prefill
+  is done and which read blocks from the SSD gets its lazy partial promotion:
+  the policy's pick of those blocks is copied from its KV pages into DRAM
+  (``prepare_promotion``), a store that the request never waits for.
+* ``update_connector_output``: ops every worker finished are completed
+  (stores: admission may now write them to the SSD; loads: SSD blocks that
+  failed their read leave the SSD tier -- vLLM recomputes them).
 * ``request_finished``: the blocks' free is delayed while a store op still
   reads them.
 
@@ -36,23 +42,26 @@ every figure (``stats``, ``gauges``): this class only sequences them.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from saria.connector.config import ConnectorConfig
 from saria.connector.layout import Geometry, pool_path
-from saria.connector.meta import CopyOp, SariaMetadata, SariaWorkerMetadata
+from saria.connector.meta import Medium, SariaMetadata, SariaWorkerMetadata, Transfer
 from saria.connector.ops import OpTracker
 from saria.connector.request_keys import KeyChain, RequestHasher
 from saria.connector.stats import Deltas, cumulative
+from saria.core import LoadSpec, StoreSpec
+from saria.policy import make_admission
+from saria.errors import ConfigError
 from saria.index import Tier
 from saria.keys.hashing import BlockHasher
-from saria.runtime import CacheConfig, Staged, TieredCache
+from saria.runtime import CacheConfig, TieredCache
 
 log = logging.getLogger("saria.connector")
 
@@ -63,11 +72,23 @@ class _Req:
     chain: KeyChain = field(default_factory=KeyChain)
     block_ids: list[int] = field(default_factory=list)
     stored: int = 0                    # blocks below this need no store op
-    staged: Staged | None = None
-    staging: Future | None = None
+    load: LoadSpec | None = None       # a matched prefix, locked, not yet a load op
     local: int = 0                     # vLLM's own hit (blocks) at the last query
     recorded: bool = False
     cacheable: bool = True
+    # SSD hits of its completed load, for promotion after prefill: (positions, DRAM blocks)
+    promotable: tuple[np.ndarray, int] | None = None
+    # write-through blocks DRAM did not keep, waiting for staging slots: (key chain, positions)
+    direct: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+
+
+@dataclass
+class _Wave:
+    """Direct writes in flight: ``chain[positions]`` copied into staging slots."""
+
+    chain: np.ndarray
+    positions: np.ndarray
+    staging: np.ndarray
 
 
 class SariaScheduler:
@@ -78,16 +99,26 @@ class SariaScheduler:
         self.cfg = cfg
         self.geo = geo
         self.block_size = geo.block_size
-        ns = geo.namespace(cfg.hash_algo, cfg.hash_seed)
-        dirs = tuple(os.path.join(d, f"saria-{ns}") for d in cfg.ssd_dirs) if cfg.has_ssd else ()
+        dirs = cfg.store_dirs(geo)
         for d in dirs:
             os.makedirs(d, exist_ok=True)
-        self.cache = TieredCache(CacheConfig(
-            block_bytes=geo.slot_bytes, dram_bytes=cfg.dram_bytes, ssd_dirs=dirs,
-            ssd_bytes=cfg.ssd_bytes, admission=cfg.admission, promotion=cfg.promotion,
-            promotion_r=cfg.promotion_r, write_queue=cfg.write_queue, events=cfg.events,
-            shared_pool=pool_path(vllm_config), max_blocks=_max_blocks(cfg, geo),
-            pin=False))  # only the workers' mappings need page-locking (for DMA)
+        dram_slots = cfg.dram_bytes // geo.slot_bytes
+        staging = 0
+        if dirs and make_admission(cfg.admission).writes_on_create and dram_slots > 1:
+            staging = max(1, dram_slots // 8)  # write-through of blocks DRAM does not keep
+        try:
+            self.cache = TieredCache(CacheConfig(
+                block_bytes=geo.slot_bytes, dram_bytes=cfg.dram_bytes, ssd_dirs=dirs,
+                ssd_bytes=cfg.ssd_bytes, admission=cfg.admission, promotion=cfg.promotion,
+                promotion_r=cfg.promotion_r, min_victim_age_s=cfg.promotion_min_age_s,
+                write_queue=cfg.write_queue, events=cfg.events,
+                shared_pool=pool_path(vllm_config), max_blocks=_max_blocks(cfg, geo),
+                staging_slots=staging,
+                pin=False))  # only the workers' mappings need page-locking (for DMA)
+        except OSError as e:
+            if e.errno == errno.EBUSY:  # another cache owns the drive: one line, the holder's pid
+                raise ConfigError("ssd_dirs", e.strerror or str(e)) from None
+            raise
         # Workers mapped the pool before this side existed (vLLM creates the
         # worker connectors first); drop the name so nothing outlives the engine.
         pool = self.cache.backend.pool
@@ -97,22 +128,25 @@ class SariaScheduler:
                                     vllm_config, kv_cache_config)
         self.ops = OpTracker(geo.tp_size, cfg.op_timeout_s)
         self.reqs: dict[str, _Req] = {}
-        self._loads: list[CopyOp] = []
+        self._draining: dict[str, _Req] = {}     # finished, direct writes still to copy
+        self._loads: list[Transfer] = []
+        self._late_stores: list[Transfer] = []   # promotions of requests that finished
         self._delayed: list[str] = []
         self._tokens_of: dict[bytes, tuple[tuple[int, ...], object]] = {}
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="saria-ssd-stage")
         self.counters = {"hit_tokens": 0, "query_tokens": 0,
-                         "load_ops": 0, "store_ops": 0, "store_failures": 0,
-                         "load_failures": 0, "expired_ops": 0, "delayed_frees": 0,
-                         "ssd_stages": 0, "ssd_stage_us": 0}
+                         "load_ops": 0, "store_ops": 0, "promotion_ops": 0, "direct_ops": 0,
+                         "direct_dropped": 0,
+                         "store_failures": 0, "load_failures": 0, "expired_ops": 0,
+                         "delayed_frees": 0}
         self.started = time.monotonic()
         self.metrics_server = None
         self._deltas = Deltas()
         gauges = self.cache.gauges()
         log.info("saria scheduler: block %d tokens, slot %d B, DRAM %d slots, SSD %s "
-                 "(%d blocks recovered), admission %s, promotion %s", self.block_size,
-                 geo.slot_bytes, gauges["dram_slots"], ", ".join(dirs) if dirs else "off",
-                 gauges["ssd_recovered_unadopted"], cfg.admission, cfg.promotion)
+                 "(%d blocks recovered), admission %s, promotion %s, coordinator %s",
+                 self.block_size, geo.slot_bytes, gauges["dram_slots"],
+                 ", ".join(dirs) if dirs else "off", gauges["ssd_recovered_unadopted"],
+                 cfg.admission, cfg.promotion, cfg.coordinator)
 
     @property
     def engine_hashes(self) -> bool:
@@ -128,24 +162,16 @@ class SariaScheduler:
         local = num_computed_tokens // self.block_size
         limit = (request.num_tokens - 1) // self.block_size  # vLLM must compute >= 1 token
         self.hasher.extend(st.chain, request, limit)
-        if st.staging is not None:
-            if not st.staging.done():
-                return None, False  # SSD read in flight: ask again later
-            st.staged, st.staging = st.staging.result(), None
-        if st.staged is None:
+        if st.load is None:
             keys = st.chain.array[:limit]
             plan = self.cache.lookup(keys)
             if plan.num_blocks <= local:
                 return 0, False
-            if np.any(plan.tiers[local:plan.num_blocks] == Tier.SSD):
-                st.staging = self._reader.submit(self._stage_from_ssd, keys, plan.num_blocks,
-                                                 local)
-                return None, False
-            st.staged = self.cache.stage(keys, plan.num_blocks, local)
+            st.load = self.cache.prepare_load(keys, plan.num_blocks, start=local)
         st.local = local
-        hit = st.staged.num_blocks
+        hit = st.load.num_blocks
         if hit <= local:
-            self._unstage(st)
+            self._cancel(st)
             return 0, False
         return (hit - local) * self.block_size, False
 
@@ -156,15 +182,10 @@ class SariaScheduler:
         st.block_ids = list(blocks.get_block_ids()[0])
         n_ext = num_external_tokens // self.block_size
         local = request.num_computed_tokens // self.block_size if n_ext == 0 else st.local
-        if n_ext and st.staged is not None:
-            ids = st.block_ids[local: local + n_ext]
-            slots = st.staged.slots[local: local + n_ext].tolist()
-            op_id = self.ops.start("load", request.request_id, st.staged)
-            self._loads.append(CopyOp(op_id, request.request_id, ids, slots))
-            st.staged = None
-            self.counters["load_ops"] += 1
+        if n_ext and st.load is not None:
+            self._start_load(request.request_id, st, local, n_ext)
         else:
-            self._unstage(st)
+            self._cancel(st)
         st.stored = max(st.stored, local + n_ext)
         self.counters["hit_tokens"] += n_ext * self.block_size  # resumed requests too
         if not st.recorded:
@@ -180,7 +201,7 @@ class SariaScheduler:
                       "failing it", op.kind, op.op_id, op.req_id, self.ops.timeout_s)
             self.counters["expired_ops"] += 1
             self._complete(op, ok=False)
-        stores: list[CopyOp] = []
+        stores, self._late_stores = self._late_stores, []
         for nr in so.scheduled_new_reqs:
             st = self.reqs.get(nr.req_id)
             if st is not None:
@@ -199,6 +220,7 @@ class SariaScheduler:
                 st.block_ids.extend(nb[0])
             self._plan_store(st, rid, cached.num_computed_tokens[i]
                              + so.num_scheduled_tokens[rid], stores)
+        self._drain_direct(stores)
         meta = SariaMetadata(loads=self._loads, stores=stores, delayed=self._delayed,
                              preempted=sorted(getattr(so, "preempted_req_ids", None) or ()),
                              pool_id=self.pool_id)
@@ -214,7 +236,8 @@ class SariaScheduler:
             if op is not None:
                 self._complete(op, ok=False)
         for op_id, n in wm.done.items():
-            op = self.ops.ack(op_id, ok=True, count=n)
+            bad = wm.bad_ssd.get(op_id, ())
+            op = self.ops.ack(op_id, ok=True, count=n, bad=bad)
             if op is not None:
                 self._complete(op, ok=True)
 
@@ -222,8 +245,14 @@ class SariaScheduler:
         rid = request.request_id
         st = self.reqs.pop(rid, None)
         if st is not None:
-            self._unstage(st)
-        busy = self.ops.stores_pending(rid)
+            self._cancel(st)
+            # Its KV pages still hold the SSD hits: promote before they are freed.
+            self._promote(st, rid, self._late_stores)
+            if st.direct:  # its pages stay until the last wave is copied
+                self._draining[rid] = st
+                self.counters["delayed_frees"] += 1
+                return True, None
+        busy = self.ops.stores_pending(rid) or any(t.req_id == rid for t in self._late_stores)
         if busy:
             self._delayed.append(rid)
             self.counters["delayed_frees"] += 1
@@ -244,9 +273,11 @@ class SariaScheduler:
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
             self.metrics_server.server_close()
-        self._reader.shutdown(wait=True)
         for st in self.reqs.values():
-            self._unstage(st)
+            self._cancel(st)
+        for op in self.ops.pending():  # give back what no worker will report any more
+            if isinstance(op.spec, _Wave):
+                self.cache.release_staging(op.spec.staging)
         self.cache.flush()
         self.cache.close()
 
@@ -262,54 +293,134 @@ class SariaScheduler:
             self.reqs[request.request_id] = st
         return st
 
-    def _plan_store(self, st: _Req, rid: str, done_tokens: int, out: list[CopyOp]) -> None:
+    def _start_load(self, rid: str, st: _Req, local: int, n_ext: int) -> None:
+        """The locked prefix's blocks [local, local + n_ext) become one load
+        op: a DRAM -> KV and an SSD -> KV transfer."""
+        spec, st.load = st.load, None
+        spec.start = local
+        pos = np.arange(local, local + n_ext)
+        op_id = self.ops.start("load", rid, spec)
+        for medium, tier in ((Medium.DRAM, Tier.DRAM), (Medium.SSD, Tier.SSD)):
+            p = pos[spec.tiers[pos] == tier]
+            if p.size == 0:
+                continue
+            keys = spec.path[p].tobytes() if medium == Medium.SSD else b""
+            self._loads.append(Transfer(op_id, rid, medium, Medium.KV, spec.slots[p].tolist(),
+                                        [st.block_ids[i] for i in p], keys))
+        self.counters["load_ops"] += 1
+
+    def _plan_store(self, st: _Req, rid: str, done_tokens: int, out: list[Transfer]) -> None:
         if not st.cacheable:
             return
         full = done_tokens // self.block_size
         self.hasher.extend(st.chain, st.request, full)
         full = min(full, len(st.chain), len(st.block_ids))
-        if full <= st.stored:
+        if full > st.stored:
+            direct = self.cache.backend.staging_slots > 0
+            spec = self.cache.prepare_store(st.chain.array[:full], st.stored, direct=direct)
+            st.stored = full
+            if spec.direct.size:
+                st.direct.append((spec.chain, spec.direct))
+                spec.direct = spec.direct[:0]
+            if spec.num_blocks:
+                pos = spec.positions.tolist()
+                op_id = self.ops.start("store", rid, spec)
+                out.append(Transfer(op_id, rid, Medium.KV, Medium.DRAM,
+                                    [st.block_ids[p] for p in pos], spec.slots.tolist()))
+                self.counters["store_ops"] += 1
+                if self.cfg.events:
+                    self._remember_tokens(st, pos)
+        if done_tokens >= getattr(st.request, "num_prompt_tokens", st.request.num_tokens):
+            self._promote(st, rid, out)  # the prefill is done
+
+    def _drain_direct(self, out: list[Transfer]) -> None:
+        """Direct writes waiting for staging slots: as many as are free go
+        out as copies into staging this step; a finished request whose last
+        wave left is freed once the workers report it."""
+        for rid, st in list(self.reqs.items()) + list(self._draining.items()):
+            while st.direct:
+                chain, pos = st.direct[0]
+                slots = self.cache.take_staging(pos.size)
+                if slots.size == 0:
+                    return  # staging full: later steps go on
+                wave, rest = pos[:slots.size], pos[slots.size:]
+                st.direct[0] = (chain, rest)
+                if rest.size == 0:
+                    st.direct.pop(0)
+                op_id = self.ops.start("store", rid, _Wave(chain, wave, slots))
+                out.append(Transfer(op_id, rid, Medium.KV, Medium.DRAM,
+                                    [st.block_ids[p] for p in wave.tolist()], slots.tolist()))
+                self.counters["direct_ops"] += 1
+            if rid in self._draining:
+                del self._draining[rid]
+                self._delayed.append(rid)
+
+    def _promote(self, st: _Req, rid: str, out: list[Transfer]) -> None:
+        """Lazy partial promotion after prefill: the policy's pick of the
+        request's SSD hits goes from its KV pages into DRAM slots."""
+        if st.promotable is None:
             return
-        spec = self.cache.prepare_store(st.chain.array[:full], st.stored)
-        st.stored = full
+        ssd_positions, dram_blocks = st.promotable
+        st.promotable = None
+        spec = self.cache.prepare_promotion(st.chain.array[:len(st.chain)], ssd_positions,
+                                            dram_blocks)
         if spec.num_blocks == 0:
             return
-        pos = spec.positions.tolist()
         op_id = self.ops.start("store", rid, spec)
-        out.append(CopyOp(op_id, rid, [st.block_ids[p] for p in pos], spec.slots.tolist()))
-        self.counters["store_ops"] += 1
-        if self.cfg.events:
-            r = st.request
-            lora = getattr(r, "lora_request", None)
-            bs = self.block_size
-            for p in pos:
-                self._tokens_of[st.chain.keys[p]] = (
-                    tuple(r.all_token_ids[p * bs:(p + 1) * bs]), lora)
+        out.append(Transfer(op_id, rid, Medium.KV, Medium.DRAM,
+                            [st.block_ids[p] for p in spec.positions.tolist()],
+                            spec.slots.tolist()))
+        self.counters["promotion_ops"] += 1
 
-    def _stage_from_ssd(self, keys, blocks: int, local: int) -> Staged:
-        t = time.perf_counter()
-        staged = self.cache.stage(keys, blocks, local)
-        self.counters["ssd_stages"] += 1
-        self.counters["ssd_stage_us"] += int((time.perf_counter() - t) * 1e6)
-        return staged
+    def _remember_tokens(self, st: _Req, positions: list[int]) -> None:
+        r = st.request
+        lora = getattr(r, "lora_request", None)
+        bs = self.block_size
+        for p in positions:
+            self._tokens_of[st.chain.keys[p]] = (tuple(r.all_token_ids[p * bs:(p + 1) * bs]), lora)
 
     def _complete(self, op, *, ok: bool) -> None:
+        if isinstance(op.spec, _Wave):
+            wave = op.spec
+            if ok:
+                rows = np.empty((wave.staging.size, self.geo.slot_bytes), np.uint8)
+                self.cache.backend.pool.gather(wave.staging, rows)
+                spec = StoreSpec(wave.chain[:0], wave.positions[:0], wave.staging[:0],
+                                 np.zeros(0, np.uint8), direct=wave.positions, chain=wave.chain)
+                self.cache.complete_store(spec, direct_rows=rows)
+            else:
+                self.counters["direct_dropped"] += int(wave.positions.size)
+            self.cache.release_staging(wave.staging)
+            return
         if op.kind == "store":
             self.cache.complete_store(op.spec, success=ok)
             if not ok:
                 self.counters["store_failures"] += 1
-        else:
-            self.cache.release(op.spec, promote=ok)
-            if not ok:
-                self.counters["load_failures"] += 1
+            return
+        spec: LoadSpec = op.spec
+        if not ok:  # a copy failed (not an SSD block): vLLM recomputes, the cache keeps its copies
+            self.cache.cancel_load(spec)
+            self.counters["load_failures"] += 1
+            return
+        bad = np.asarray(op.bad, np.int64)
+        failed = None
+        if bad.size:
+            ssd = spec.positions(Tier.SSD)
+            failed = ssd[np.isin(spec.slots[ssd], bad)]
+        served = self.cache.complete_load(spec, failed)
+        st = self.reqs.get(op.req_id)
+        if st is not None:
+            # vLLM recomputes from the first bad block: store what it recomputes.
+            st.stored = min(st.stored, served)
+            ssd = spec.positions(Tier.SSD)
+            ssd = ssd[ssd < served]
+            if ssd.size:
+                st.promotable = (ssd, served - spec.start - ssd.size)
 
-    def _unstage(self, st: _Req) -> None:
-        if st.staged is not None:
-            self.cache.release(st.staged, promote=False)
-            st.staged = None
-        if st.staging is not None:
-            fut, st.staging = st.staging, None
-            fut.add_done_callback(lambda f: self.cache.release(f.result(), promote=False))
+    def _cancel(self, st: _Req) -> None:
+        if st.load is not None:
+            self.cache.cancel_load(st.load)
+            st.load = None
 
 
 def _max_blocks(cfg: ConnectorConfig, geo: Geometry) -> int:

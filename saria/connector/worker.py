@@ -1,39 +1,62 @@
-"""Worker side: copies whole KV pages between vLLM's KV cache and the shared
-DRAM pool, layer by layer, beside the forward pass.
+"""Worker side: moves whole KV pages between vLLM's KV cache, the shared DRAM
+pool and the SSD store, layer by layer, beside the forward pass.
 
-The worker holds no index and makes no decision: each step's ``SariaMetadata``
-names the copies (see ``meta.py``). Loads run before the forward (saria's loads
-are synchronous in vLLM's sense) and each layer waits only for its own pages
-(``wait_for_layer_load``); stores are queued as each layer finishes
-(``save_kv_layer``) and are *not* waited for at the end of the step: the
-scheduler learns they are done from ``build_connector_worker_meta`` and keeps
-a finished request's blocks allocated (``request_finished`` -> delay) until
-``get_finished`` reports them.
+The worker holds no index and makes no decision: each step's
+``SariaMetadata`` names the transfers (see ``meta.py``), and the worker runs
+each with the handler for its (source, destination) media:
 
-Copies run in submission order, so a load never overtakes the store of the
-same slot. On CUDA one copy thread drives per-block async copies between the
-pinned pool and device memory on a side stream, beside the compute stream. On
-CPU the copies (torch ``index_select`` / ``index_copy_``) run inline in the
-calling thread: measured on 2 cores, handing them to a thread cost more (9-18
-ms per 256-token batch on a tiny model) than it overlapped, since the copy
-and the forward compete for the same cores anyway.
+* ``DRAM -> KV`` and ``KV -> DRAM`` (``PageCopier``): one layer's pages
+  between pool slots and KV blocks. On CPU a native row copy in the calling
+  thread (on 2 cores, handing copies to a thread cost more than it
+  overlapped); on CUDA per-block async copies on a side stream from the
+  page-locked pool.
+* ``SSD -> KV`` (``SsdPageReader``): the worker opens the store's drive files
+  read-only (O_DIRECT, through the native store, which verifies the header,
+  the key and both checksums), reads whole blocks into an aligned staging
+  buffer on a background thread, then copies each layer's pages into the KV
+  cache when that layer is about to run. A block that fails its read is
+  reported (vLLM recomputes it; the scheduler drops the copy). On CUDA the
+  staging buffer would be page-locked and a GPUDirect Storage handler
+  (kvikio ``CuFile`` reads into a GPU staging buffer, then a scatter into the
+  pages) plugs in here as another handler for the same media pair: not
+  written yet, because no machine with a GPU has run it.
+
+Loads run before the forward (saria's loads are synchronous in vLLM's sense):
+a ``LoadCoordinator`` runs a step's DRAM copies and SSD reads as the
+``coordinator`` setting says -- ``serial`` (DRAM, then SSD), ``overlap``
+(both at once, DRAM at full speed) or ``paced`` (DRAM copies throttled by
+``saria.transfer.paced_dram_rate`` while SSD reads are in flight, full speed
+once they are done) -- and records bytes and seconds per source. Each layer
+waits only for its own pages (``wait_for_layer_load``). Stores are queued as
+each layer finishes (``save_kv_layer``) and not waited for at the end of the
+step: the scheduler learns they are done from ``build_connector_worker_meta``
+and keeps a finished request's blocks allocated until ``get_finished``
+reports them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+import os
+import time
+from collections import defaultdict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from saria.connector.config import ConnectorConfig
 from saria.connector.layout import Geometry, pool_path
-from saria.connector.meta import CopyOp, SariaMetadata, SariaWorkerMetadata
+from saria.connector.meta import Medium, SariaMetadata, SariaWorkerMetadata, Transfer
 from saria.connector.stats import Deltas
+from saria.tiers.copy import copy_rows
 from saria.tiers.dram import DramPool
+from saria.transfer import LinkModel, paced_dram_rate
 
 log = logging.getLogger("saria.connector")
+
+DRAM_TO_KV, KV_TO_DRAM, SSD_TO_KV = ((Medium.DRAM, Medium.KV), (Medium.KV, Medium.DRAM),
+                                     (Medium.SSD, Medium.KV))
 
 
 class KVPages:
@@ -60,9 +83,20 @@ class KVPages:
         self.device = self.layers[0].device if self.layers else torch.device("cpu")
         self.name_index = {n: i for i, n in enumerate(geo.layer_names)}
 
+    def page_rows(self, layer: int) -> torch.Tensor | None:
+        """Layer `layer`'s pages as a 2-D ``[blocks, page_bytes]`` byte view
+        (rows strided, bytes inside a page contiguous), or None when the
+        layout keeps a page in several pieces (K and V apart)."""
+        blocks = self.layers[layer]
+        try:
+            rows = blocks.view(blocks.shape[0], -1)
+        except RuntimeError:
+            return None
+        return rows if rows.stride(1) == 1 else None
 
-class Copier:
-    """Runs page copies for one layer at a time, in submission order."""
+
+class PageCopier:
+    """DRAM <-> KV page copies of one layer at a time, in submission order."""
 
     def __init__(self, pages: KVPages, pool: DramPool, geo: Geometry) -> None:
         self.pages = pages
@@ -72,65 +106,271 @@ class Copier:
         self.cuda = pages.device.type == "cuda"
         self.stream = torch.cuda.Stream(pages.device) if self.cuda else None
         self._exec = ThreadPoolExecutor(1, thread_name_prefix="saria-copy")
-        self.bytes_loaded = 0
-        self.bytes_stored = 0
 
-    def _pool_layer(self, layer: int) -> torch.Tensor:
+    def pool_layer(self, layer: int) -> torch.Tensor:
+        """This rank's page of `layer` in every slot: ``[slots, page_bytes]``."""
         off = self.base + layer * self.geo.page_bytes
         return self.pool_t[:, off: off + self.geo.page_bytes]
 
-    def submit(self, op: CopyOp, layer: int, load: bool) -> Future:
+    def submit(self, t: Transfer, layer: int) -> Future:
         if self.cuda:
-            return self._exec.submit(self._copy, op, layer, load)
+            return self._exec.submit(self.copy, t, layer)
         f: Future = Future()  # inline (see the module doc); failures travel in the future
         try:
-            self._copy(op, layer, load)
+            self.copy(t, layer)
             f.set_result(None)
         except Exception as e:  # noqa: BLE001 -- reported as a failed op, recomputed
             f.set_exception(e)
         return f
 
-    def _copy(self, op: CopyOp, layer: int, load: bool) -> None:
-        blocks = self.pages.layers[layer]
-        pool = self._pool_layer(layer)
-        n = len(op.block_ids)
+    def copy(self, t: Transfer, layer: int) -> int:
+        """Copies one layer of `t`; returns the bytes moved."""
+        load = t.kind == DRAM_TO_KV
+        kv_ids, slots = (t.dst_ids, t.src_ids) if load else (t.src_ids, t.dst_ids)
+        blocks, pool = self.pages.layers[layer], self.pool_layer(layer)
         if self.cuda:
-            self._copy_cuda(op, blocks, pool, load)
-        else:
-            ids = torch.tensor(op.block_ids, dtype=torch.long)
-            slots = torch.tensor(op.slots, dtype=torch.long)
+            # The pool is page-locked (cudaHostRegister): true async DMA copies.
+            with torch.cuda.stream(self.stream):
+                for b, s in zip(kv_ids, slots):
+                    if load:
+                        blocks[b].copy_(pool[s].view(blocks.shape[1:]), non_blocking=True)
+                    else:
+                        pool[s].copy_(blocks[b].reshape(-1), non_blocking=True)
+                self.stream.synchronize()
+            return len(kv_ids) * self.geo.page_bytes
+        rows = self.pages.page_rows(layer)
+        if rows is None:  # a page in pieces: torch gathers it
+            ids = torch.tensor(kv_ids, dtype=torch.long)
+            idx = torch.tensor(slots, dtype=torch.long)
             if load:
-                src = pool.index_select(0, slots).view(n, *blocks.shape[1:])
-                blocks.index_copy_(0, ids, src)
+                blocks.index_copy_(0, ids, pool.index_select(0, idx).view(len(ids), *blocks.shape[1:]))
             else:
-                pool.index_copy_(0, slots, blocks.index_select(0, ids).reshape(n, -1))
-        nbytes = n * self.geo.page_bytes
-        if load:
-            self.bytes_loaded += nbytes
+                pool.index_copy_(0, idx, blocks.index_select(0, ids).reshape(len(ids), -1))
+        elif load:
+            copy_rows(rows, kv_ids, pool, slots)
         else:
-            self.bytes_stored += nbytes
-
-    def _copy_cuda(self, op: CopyOp, blocks: torch.Tensor, pool: torch.Tensor,
-                   load: bool) -> None:
-        # The pool is pinned (cudaHostRegister), so these are true async DMA copies.
-        with torch.cuda.stream(self.stream):
-            for b, s in zip(op.block_ids, op.slots):
-                if load:
-                    blocks[b].copy_(pool[s].view(blocks.shape[1:]), non_blocking=True)
-                else:
-                    pool[s].copy_(blocks[b].reshape(-1), non_blocking=True)
-            self.stream.synchronize()
+            copy_rows(pool, slots, rows, kv_ids)
+        return len(kv_ids) * self.geo.page_bytes
 
     def close(self) -> None:
         self._exec.shutdown(wait=True)
+
+
+class SsdPageReader:
+    """SSD -> KV: whole blocks read (verified) into a staging buffer, then
+    each layer's pages copied into the KV cache."""
+
+    def __init__(self, dirs: tuple[str, ...], pages: KVPages, geo: Geometry) -> None:
+        self.dirs = dirs
+        self.pages = pages
+        self.geo = geo
+        self.base = geo.tp_rank * geo.rank_bytes
+        self._store = None
+        self._buf = np.zeros((0, geo.slot_bytes), np.uint8)
+
+    def _reader(self):
+        if self._store is None:  # the owner made the files before any block was written
+            from saria.tiers.ssd import SsdStore
+
+            self._store = SsdStore.reader(list(self.dirs), self.geo.slot_bytes)
+        return self._store
+
+    def read(self, transfers: list[Transfer]) -> tuple[np.ndarray, np.ndarray]:
+        """Reads every block of `transfers` (in order); returns the staging
+        rows and the per-block ok mask. Blocking: run it off the caller."""
+        handles = np.concatenate([np.asarray(t.src_ids, np.int64) for t in transfers])
+        keys = np.frombuffer(b"".join(t.keys for t in transfers), np.uint8).reshape(-1, 32)
+        n = handles.size
+        if self._buf.shape[0] < n:
+            self._buf = _aligned_rows(n, self.geo.slot_bytes)
+        rows = self._buf[:n]
+        ok = self._reader().read(handles, np.ascontiguousarray(keys), rows)
+        return rows, ok
+
+    def scatter(self, layer: int, rows: np.ndarray, kv_ids: list[int]) -> int:
+        """Copies one layer's pages of the read blocks into their KV blocks."""
+        if not kv_ids:
+            return 0
+        off = self.base + layer * self.geo.page_bytes
+        src = rows[:, off: off + self.geo.page_bytes]
+        dst = self.pages.page_rows(layer)
+        if dst is not None and self.pages.device.type == "cpu":
+            copy_rows(dst, kv_ids, src, None)
+        else:
+            blocks = self.pages.layers[layer]
+            t = torch.from_numpy(np.ascontiguousarray(src))
+            for i, b in enumerate(kv_ids):
+                blocks[b].copy_(t[i].view(blocks.shape[1:]))
+        return len(kv_ids) * self.geo.page_bytes
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+def _aligned_rows(n: int, row_bytes: int) -> np.ndarray:
+    """(n, row_bytes) bytes at a 4096-aligned address (O_DIRECT reads into it)."""
+    raw = np.empty(n * row_bytes + 4096, np.uint8)
+    start = (-raw.ctypes.data) % 4096
+    return raw[start: start + n * row_bytes].reshape(n, row_bytes)
+
+
+class LoadCoordinator:
+    """Runs a step's loads -- DRAM copies and SSD reads -- under one mode and
+    measures them. Rates for pacing are learnt from the step's own past
+    loads (exponential averages of each source alone), unless given."""
+
+    def __init__(self, mode: str, copier: PageCopier, reader: SsdPageReader | None,
+                 num_layers: int, ingress_Bps: float | None = None) -> None:
+        self.mode = mode
+        self.copier = copier
+        self.reader = reader
+        self.num_layers = num_layers
+        self.ingress_Bps = ingress_Bps
+        self.dram_Bps = 10e9   # first guesses, replaced by measurements
+        self.ssd_Bps = 2e9
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="saria-ssd-read")
+        self.totals = {"dram_bytes": 0, "dram_us": 0, "ssd_bytes": 0, "ssd_us": 0,
+                       "load_us": 0, "ssd_blocks_failed": 0}
+        self.timeline: deque = deque(maxlen=4096)  # (start, end, source, bytes) per copy/read
+
+    def link(self) -> LinkModel:
+        ingress = self.ingress_Bps or max(self.dram_Bps, self.ssd_Bps)
+        return LinkModel(ingress, self.dram_Bps, self.ssd_Bps)
+
+    def run(self, dram: list[Transfer], ssd: list[Transfer]) -> "StepLoad":
+        """Starts the step's loads; DRAM copies of every layer are done (CPU)
+        or queued (CUDA) when it returns, SSD reads may still be in flight."""
+        step = StepLoad(self, ssd)
+        t0 = time.perf_counter()
+        step.t0 = t0
+        if ssd and self.mode != "serial":
+            step.start_reads()
+        d_bytes = sum(len(t) for t in dram) * self.copier.geo.page_bytes * self.num_layers
+        s_bytes = sum(len(t) for t in ssd) * self.copier.geo.slot_bytes
+        rate = None
+        if self.mode == "paced" and ssd and d_bytes:
+            rate = paced_dram_rate(self.link(), d_bytes, s_bytes)
+        done = 0
+        for layer in range(self.num_layers):
+            for t in dram:
+                a = time.perf_counter()
+                step.futures[layer].append((t, self.copier.submit(t, layer)))
+                n = len(t) * self.copier.geo.page_bytes
+                done += n
+                self.timeline.append((a, time.perf_counter(), "dram", n))
+                if rate and step.reading():  # pace while the SSD path runs
+                    wait = t0 + done / rate - time.perf_counter() if rate > 0 else 0.0
+                    if wait > 0:
+                        step.wait_reads(wait)
+        if d_bytes:
+            dt = time.perf_counter() - t0
+            self.totals["dram_bytes"] += d_bytes
+            self.totals["dram_us"] += int(dt * 1e6)
+            if not ssd or self.mode == "serial":  # alone: a clean rate sample
+                self.dram_Bps = _ewma(self.dram_Bps, d_bytes / max(dt, 1e-9))
+        if ssd and self.mode == "serial":
+            step.start_reads()
+        return step
+
+    def close(self) -> None:
+        self._io.shutdown(wait=True)
+
+
+class StepLoad:
+    """One step's loads in progress: per-layer DRAM copy futures and the SSD read."""
+
+    def __init__(self, coord: LoadCoordinator, ssd: list[Transfer]) -> None:
+        self.coord = coord
+        self.ssd = ssd
+        self.futures: dict[int, list[tuple[Transfer, Future]]] = defaultdict(list)
+        self.errors: dict[int, BaseException] = {}  # op id -> its first failed DRAM copy
+        self.read: Future | None = None
+        self.rows = self.ok = None
+        self.t0 = 0.0
+        self.read_start = 0.0
+        self.failed: list[tuple[Transfer, list[int], list[int]]] = []  # (t, kv ids, handles)
+        self.kv_ok: list[list[int]] = []
+        self.scattered: set[int] = set()
+
+    def start_reads(self) -> None:
+        self.read_start = time.perf_counter()
+        self.read = self.coord._io.submit(self.coord.reader.read, self.ssd)
+
+    def reading(self) -> bool:
+        return self.read is not None and not self.read.done()
+
+    def wait_reads(self, timeout: float) -> None:
+        try:
+            self.read.result(timeout=timeout)
+        except Exception:  # noqa: BLE001 -- a timeout, or a failure collected later
+            pass
+
+    def layer_ready(self, layer: int) -> None:
+        """Waits for `layer`'s DRAM copies and puts its SSD pages in place."""
+        for t, f in self.futures.pop(layer, ()):
+            err = f.exception()  # waits
+            if err is not None:
+                self.errors.setdefault(t.op_id, err)
+        if self.read is None or layer in self.scattered:
+            return
+        if self.rows is None:
+            self._finish_read()
+        if self.rows is None:
+            return
+        self.scattered.add(layer)
+        a = time.perf_counter()
+        n = 0
+        start = 0
+        for kv in self.kv_ok:
+            n += self.coord.reader.scatter(layer, self.rows[start: start + len(kv)], kv)
+            start += len(kv)
+        self.coord.timeline.append((a, time.perf_counter(), "ssd-scatter", n))
+
+    def _finish_read(self) -> None:
+        try:
+            rows, ok = self.read.result()
+        except Exception as e:  # noqa: BLE001 -- the whole read failed: every block recomputed
+            log.error("saria: SSD read failed: %s", e)
+            rows, ok = None, np.zeros(sum(len(t) for t in self.ssd), bool)
+        end = time.perf_counter()
+        c = self.coord
+        n_bytes = sum(len(t) for t in self.ssd) * c.copier.geo.slot_bytes
+        c.totals["ssd_bytes"] += n_bytes
+        c.totals["ssd_us"] += int((end - self.read_start) * 1e6)
+        c.timeline.append((self.read_start, end, "ssd", n_bytes))
+        if c.mode == "serial" or not any(self.futures.values()):
+            c.ssd_Bps = _ewma(c.ssd_Bps, n_bytes / max(end - self.read_start, 1e-9))
+        # Keep the good blocks in read order; compact their rows.
+        good_rows, start = [], 0
+        for t in self.ssd:
+            k = len(t)
+            mask = ok[start: start + k]
+            self.kv_ok.append([b for b, m in zip(t.dst_ids, mask) if m])
+            if not mask.all():
+                self.failed.append((t, [b for b, m in zip(t.dst_ids, mask) if not m],
+                                    [h for h, m in zip(t.src_ids, mask) if not m]))
+            if rows is not None:
+                good_rows.append(rows[start: start + k][mask])
+            start += k
+        c.totals["ssd_blocks_failed"] += int(np.count_nonzero(~ok))
+        self.rows = np.concatenate(good_rows) if good_rows else np.zeros((0, 0), np.uint8)
+
+    def finish(self) -> None:
+        """Every layer in place (the step's loads end)."""
+        for layer in range(self.coord.num_layers):
+            self.layer_ready(layer)
+        self.coord.totals["load_us"] += int((time.perf_counter() - self.t0) * 1e6)
+
+
+def _ewma(old: float, sample: float, weight: float = 0.3) -> float:
+    return (1 - weight) * old + weight * sample
 
 
 def open_shared_pool(cfg: ConnectorConfig, vllm_config, geo: Geometry) -> DramPool:
     """Creates or attaches the engine's shared DRAM pool; a pool that cannot
     be made is a ``dram_bytes`` error (tmpfs too small, as in a container with
     the default 64 MB /dev/shm)."""
-    import os
-
     from saria.errors import ConfigError
     from saria.tiers.dram import DramPoolError
 
@@ -156,30 +396,41 @@ class SariaWorker:
         self.cfg = cfg
         self.geo = geo
         self.pool = open_shared_pool(cfg, vllm_config, geo)
-        self.copier: Copier | None = None
+        self.ssd_dirs = cfg.store_dirs(geo)
+        self.copier: PageCopier | None = None
+        self.coordinator: LoadCoordinator | None = None
         self._checked_pool = False
-        self._load_futs: dict[int, list[Future]] = defaultdict(list)  # layer -> its loads
+        self._step: StepLoad | None = None
+        self._loads: list[Transfer] = []      # this step's load transfers
         self._saved_layers: set[int] = set()  # layers whose stores this step are queued
-        self._pending: dict[int, tuple[CopyOp, list[Future]]] = {}  # store op id -> futures
-        self._loads_in_flight: list[tuple[CopyOp, list[Future]]] = []
+        self._pending: dict[int, tuple[Transfer, list[Future]]] = {}  # store op id -> futures
         self._done = SariaWorkerMetadata()
         self._load_errors: set[int] = set()
         self._delayed: set[str] = set()
         self._meta: SariaMetadata | None = None  # the step's metadata, once begun
         self._deltas = Deltas()
+        self.bytes_stored = 0
 
     # ------------------------------------------------------------ lifecycle
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        self.copier = Copier(KVPages(kv_caches, self.geo), self.pool, self.geo)
-        log.info("saria worker: %d layers, %d B pages, pool %d slots of %d B (%s, %s)",
-                 self.geo.num_layers, self.geo.page_bytes, self.pool.num_slots,
+        pages = KVPages(kv_caches, self.geo)
+        self.copier = PageCopier(pages, self.pool, self.geo)
+        reader = SsdPageReader(self.ssd_dirs, pages, self.geo) if self.ssd_dirs else None
+        self.coordinator = LoadCoordinator(self.cfg.coordinator, self.copier, reader,
+                                           self.geo.num_layers, self.cfg.ingress_bytes_per_s)
+        log.info("saria worker: %d layers, %d B pages, pool %d slots of %d B (%s, %s), SSD %s, "
+                 "coordinator %s", self.geo.num_layers, self.geo.page_bytes, self.pool.num_slots,
                  self.pool.slot_bytes, "pinned" if self.pool.pinned else "not pinned",
-                 self.copier.pages.device)
+                 pages.device, ", ".join(self.ssd_dirs) or "off", self.cfg.coordinator)
 
     def shutdown(self) -> None:
         if self.copier is not None:
             self.copier.close()
+        if self.coordinator is not None:
+            self.coordinator.close()
+            if self.coordinator.reader is not None:
+                self.coordinator.reader.close()
         self.pool.unlink()
 
     # -------------------------------------------------------------- per step
@@ -196,20 +447,20 @@ class SariaWorker:
 
     def start_load_kv(self, meta: SariaMetadata) -> None:
         self._begin(meta)
-        for op in meta.loads:
-            futs = []
-            for layer in range(self.geo.num_layers):
-                f = self.copier.submit(op, layer, load=True)
-                self._load_futs[layer].append(f)
-                futs.append(f)
-            self._loads_in_flight.append((op, futs))
+        if not meta.loads:
+            return
+        dram = [t for t in meta.loads if t.kind == DRAM_TO_KV]
+        ssd = [t for t in meta.loads if t.kind == SSD_TO_KV]
+        if ssd and self.coordinator.reader is None:
+            raise RuntimeError("saria: the scheduler sent SSD reads to a worker with no SSD tier")
+        self._loads = list(meta.loads)
+        self._step = self.coordinator.run(dram, ssd)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         layer = self.copier.pages.name_index.get(layer_name) if self.copier else None
-        if layer is None:
+        if layer is None or self._step is None:
             return
-        for f in self._load_futs.pop(layer, ()):
-            f.exception()  # wait; failures are collected in _finish_loads
+        self._step.layer_ready(layer)
 
     def save_kv_layer(self, meta: SariaMetadata, layer_name: str) -> None:
         self._begin(meta)
@@ -228,14 +479,14 @@ class SariaWorker:
         """A preempted request's blocks may be reused this step: finish its
         pending store copies first (only its own: the others keep running)."""
         gone = set(meta.preempted)
-        for op, futs in list(self._pending.values()):
-            if op.req_id in gone:
+        for t, futs in list(self._pending.values()):
+            if t.req_id in gone:
                 for f in futs:
                     f.exception()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, None]:
         self._collect_stores()
-        busy = {op.req_id for op, _ in self._pending.values()}
+        busy = {t.req_id for t, _ in self._pending.values()}
         done = {r for r in self._delayed if r not in busy}
         self._delayed -= done
         return (done or None), None
@@ -250,9 +501,14 @@ class SariaWorker:
         return out if (out.done or out.failed) else None
 
     def take_stats(self):
-        c = self.copier
-        return self._deltas.take({"bytes_loaded": c.bytes_loaded if c else 0,
-                                  "bytes_stored": c.bytes_stored if c else 0})
+        c = self.coordinator
+        now = {"bytes_stored": self.bytes_stored}
+        if c is not None:
+            t = c.totals
+            now.update(bytes_loaded_dram=t["dram_bytes"], bytes_loaded_ssd=t["ssd_bytes"],
+                       load_dram_us=t["dram_us"], load_ssd_us=t["ssd_us"], load_us=t["load_us"],
+                       ssd_read_failures_worker=t["ssd_blocks_failed"])
+        return self._deltas.take(now)
 
     # --------------------------------------------------------------- helpers
 
@@ -270,31 +526,51 @@ class SariaWorker:
         if layer in self._saved_layers:
             return
         self._saved_layers.add(layer)
-        for op in self._meta.stores:
-            f = self.copier.submit(op, layer, load=False)
-            self._pending.setdefault(op.op_id, (op, []))[1].append(f)
+        for t in self._meta.stores:
+            f = self.copier.submit(t, layer)
+            self._pending.setdefault(t.op_id, (t, []))[1].append(f)
 
     def _collect_stores(self) -> None:
-        for op_id, (op, futs) in list(self._pending.items()):
+        for op_id, (t, futs) in list(self._pending.items()):
             if len(futs) < self.geo.num_layers or not all(f.done() for f in futs):
                 continue
             del self._pending[op_id]
-            self._report(op, futs, "storing")
+            if self._report(t.op_id, futs, "storing"):
+                self.bytes_stored += len(t) * self.geo.rank_bytes
 
     def _finish_loads(self) -> None:
-        for op, futs in self._loads_in_flight:
-            if not self._report(op, futs, "loading"):
-                self._load_errors.update(op.block_ids)  # vLLM recomputes them
-        self._loads_in_flight = []
-        self._load_futs.clear()
+        """Ends the step's loads: every layer in place, then each op reported
+        done (with the SSD handles that failed their read) or failed."""
+        step, loads = self._step, self._loads
+        self._step, self._loads = None, []
+        if step is None:
+            return
+        step.finish()
+        bad: dict[int, list[int]] = defaultdict(list)
+        for t, kv_ids, handles in step.failed:
+            self._load_errors.update(kv_ids)  # vLLM recomputes them
+            bad[t.op_id].extend(handles)
+        for op_id in dict.fromkeys(t.op_id for t in loads):
+            err = step.errors.get(op_id)
+            if err is not None:
+                log.error("saria: loading op %d failed: %s", op_id, err)
+                for t in loads:
+                    if t.op_id == op_id:
+                        self._load_errors.update(t.dst_ids)
+                self._done.failed[op_id] += 1
+                continue
+            self._done.done[op_id] += 1
+            if bad.get(op_id):
+                self._done.bad_ssd[op_id] = sorted(bad[op_id])
 
-    def _report(self, op: CopyOp, futs: list[Future], what: str) -> bool:
-        """Waits for an op's layer copies and records it done or failed for
-        the scheduler; True when every layer's copy succeeded."""
+    def _report(self, op_id: int, futs: list[Future], what: str) -> bool:
+        """Waits for an op's copies and records it done or failed for the
+        scheduler; True when every copy succeeded."""
         err = next((e for e in (f.exception() for f in futs) if e is not None), None)
         if err is not None:
-            log.error("saria: %s op %d failed: %s", what, op.op_id, err)
-            self._done.failed[op.op_id] += 1
+            log.error("saria: %s op %d failed: %s", what, op_id, err)
+            self._done.failed[op_id] += 1
             return False
-        self._done.done[op.op_id] += 1
+        self._done.done[op_id] += 1
         return True
+

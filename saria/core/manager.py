@@ -132,18 +132,12 @@ class CacheManager:
         self.stats.hit_blocks["DRAM"] += max(0, served - spec.start) - from_ssd
         return served
 
-    def truncate_load(self, spec: LoadSpec, blocks: int,
-                      failed: np.ndarray | None = None) -> LoadSpec:
-        """Shortens a prepared load to its first `blocks` blocks (the rest
-        is unlocked), dropping the SSD copies at `failed` positions."""
-        self.index.unlock(spec.path)
-        if failed is not None and len(failed):
-            self._drop_failed(spec, np.asarray(failed, np.int64))
-        path = spec.path[:blocks]
-        if blocks:
-            self.index.lock(path)
-        return LoadSpec(path, min(spec.start, blocks), spec.tiers[:blocks], spec.slots[:blocks],
-                        spec.checkpoint if blocks == spec.num_blocks else None)
+    def cancel_load(self, spec: LoadSpec) -> None:
+        """Releases a prepared load that will not be read (the engine did
+        not schedule it, or its copy failed for a reason of its own): unlocks
+        it; no hit is counted and every copy stays."""
+        if spec.num_blocks:
+            self.index.unlock(spec.path)
 
     def _drop_failed(self, spec: LoadSpec, failed: np.ndarray) -> None:
         self.stats.ssd_read_failures += int(failed.size)
@@ -243,37 +237,6 @@ class CacheManager:
             self.index.add(keys[:int(pos[-1]) + 1], tier, self.backend.alloc(tier, pos.size),
                            where=pos, session=session)
         return int(pos.size)
-
-    # ------------------------------------------------------ borrowed slots
-    #
-    # The vLLM connector stages SSD hits through spare DRAM slots the index
-    # does not map; promotion may then keep some of them in place.
-
-    def borrow_dram(self, count: int) -> np.ndarray:
-        """Up to `count` DRAM slots outside the index (evicting LRU blocks)."""
-        room = self._make_room(DRAM, count, None) if count else 0
-        return self.backend.alloc(DRAM, room)
-
-    def return_dram(self, slots: np.ndarray) -> None:
-        if len(slots):
-            self.backend.free(DRAM, slots)
-
-    def promote_borrowed(self, path: np.ndarray, ssd_positions: np.ndarray, dram_blocks: int,
-                         slots: np.ndarray) -> np.ndarray:
-        """Promotion of SSD hits whose bytes already sit in borrowed `slots`
-        (one per position): the picked ones enter the index in place; returns
-        the mask of slots kept (the caller returns the others)."""
-        chosen = self.promotion.select(ssd_positions, dram_blocks)
-        known, masks = self._masks(path)
-        keep = np.isin(ssd_positions, chosen) & (ssd_positions < known)
-        keep &= (masks[ssd_positions] & DRAM.bit) == 0
-        pos = ssd_positions[keep]
-        if pos.size:
-            self.index.add(path[:int(pos[-1]) + 1], DRAM, slots[keep], where=pos)
-            self.stats.promoted_blocks += int(pos.size)
-            if self.events is not None:
-                self.events.stored(DRAM, path, pos)
-        return keep
 
     # ------------------------------------------------- hybrid checkpoints
 

@@ -31,6 +31,8 @@ class AdmissionPolicy:
     name = "dram-only"
     #: the policy never writes: the SSD tier can be skipped entirely
     writes_nothing = True
+    #: ``on_create`` may admit: blocks are written as they are created (write-through)
+    writes_on_create = False
 
     def on_create(self, keys: np.ndarray, now: float) -> np.ndarray:
         """Mask over freshly computed blocks to write to SSD now."""
@@ -62,6 +64,7 @@ class FullDuplicate(AdmissionPolicy):
 
     name = "full-duplicate"
     writes_nothing = False
+    writes_on_create = True
 
     def on_create(self, keys, now):
         return np.ones(keys.shape[0], dtype=bool)
@@ -146,6 +149,7 @@ class KvbmFrequencyFilter(AdmissionPolicy):
 
     name = "kvbm-filter"
     writes_nothing = False
+    writes_on_create = True
 
     def __init__(self, min_frequency: int = 2, decay_interval_s: float = 600.0) -> None:
         if decay_interval_s <= 0:

@@ -2,7 +2,6 @@
 
 from saria.core import CacheEvent, CacheStats
 from saria.runtime.backend import TierBackend
-from saria.runtime.cache import CacheConfig, LoadResult, Staged, TieredCache
+from saria.runtime.cache import CacheConfig, LoadResult, TieredCache
 
-__all__ = ["CacheConfig", "CacheEvent", "CacheStats", "LoadResult", "Staged", "TierBackend",
-           "TieredCache"]
+__all__ = ["CacheConfig", "CacheEvent", "CacheStats", "LoadResult", "TierBackend", "TieredCache"]

@@ -79,10 +79,16 @@ class TierBackend(Backend):
     def __init__(self, *, block_bytes: int, dram_slots: int, ssd_dirs: tuple[str, ...] = (),
                  ssd_bytes: int = 0, state_units: int = 0, write_mode: str = "async",
                  write_queue: int = 256, pin: bool | None = None, shared_pool: str | None = None,
-                 lock: threading.RLock) -> None:
+                 staging_slots: int = 0, lock: threading.RLock) -> None:
         self.block_bytes = block_bytes
         self.state_units = state_units
         self.pool = DramPool(dram_slots, block_bytes, pin=pin, shared=shared_pool)
+        if not 0 <= staging_slots < dram_slots:
+            raise ValueError(f"staging_slots must be in [0, {dram_slots}), got {staging_slots}")
+        # Slots a copier fills with blocks on their way straight to the SSD
+        # (write-through of blocks DRAM does not keep): out of the cache's capacity.
+        self.staging_slots = staging_slots
+        self._staging = list(self.pool.alloc(staging_slots)) if staging_slots else []
         self.ssd = None
         if ssd_dirs and ssd_bytes > 0:
             from saria.tiers.ssd import SsdStore
@@ -109,7 +115,7 @@ class TierBackend(Backend):
 
     def capacity(self, tier: Tier) -> int:
         if tier == DRAM:
-            return self.pool.num_slots
+            return self.pool.num_slots - self.staging_slots
         if tier == SSD:
             return 0 if self.ssd is None else self.ssd.capacity_slots
         return 0
@@ -162,6 +168,15 @@ class TierBackend(Backend):
         if drop:
             self.ssd.free(np.asarray(drop, np.int64))
         return len(drop)
+
+    def take_staging(self, count: int) -> np.ndarray:
+        """Up to `count` staging slots (see ``staging_slots``)."""
+        k = min(count, len(self._staging))
+        out, self._staging = self._staging[:k], self._staging[k:]
+        return np.asarray(out, np.int64)
+
+    def release_staging(self, slots: np.ndarray) -> None:
+        self._staging.extend(int(x) for x in slots)
 
     # ------------------------------------------------------------ the bytes
 

@@ -66,6 +66,9 @@ class CacheConfig:
     shared_pool: str | None = None  # map the DRAM pool from this file (DramPool shared=)
     state_bytes: int = 0
     record_writes: bool = False  # keep the keys of completed SSD writes (take_ssd_writes)
+    # DRAM slots set aside for blocks on their way straight to the SSD (a
+    # copier's write-through of blocks DRAM does not keep); out of dram_bytes.
+    staging_slots: int = 0
 
     def __post_init__(self) -> None:
         if self.block_bytes <= 0:
@@ -99,28 +102,6 @@ class LoadResult:
     ssd_positions: np.ndarray
 
 
-@dataclass(slots=True)
-class Staged:
-    """A prefix made readable from DRAM slots by ``stage``: block i's bytes
-    are in DRAM slot ``slots[i]``; ``ssd_positions`` came from the SSD into
-    borrowed ``spare`` slots; ``failed`` SSD reads were dropped (the prefix
-    stops before the first). ``load`` is the core's locked load."""
-
-    load: LoadSpec
-    slots: np.ndarray
-    ssd_positions: np.ndarray
-    spare: np.ndarray
-    failed: int = 0
-
-    @property
-    def path(self) -> np.ndarray:
-        return self.load.path
-
-    @property
-    def num_blocks(self) -> int:
-        return self.load.num_blocks
-
-
 class TieredCache:
     """DRAM + SSD KV cache behind one radix index; thread-safe."""
 
@@ -136,7 +117,7 @@ class TieredCache:
             ssd_dirs=config.ssd_dirs if writes else (), ssd_bytes=config.ssd_bytes,
             state_units=config.state_units, write_mode=config.write_mode,
             write_queue=config.write_queue, pin=config.pin, shared_pool=config.shared_pool,
-            lock=self._lock)
+            staging_slots=config.staging_slots, lock=self._lock)
         index = RadixIndex(config.max_blocks, hybrid=config.state_bytes > 0,
                            clock=clock or wall_clock)
         self.manager = CacheManager(index, admission, promotion, self.backend,
@@ -190,6 +171,10 @@ class TieredCache:
         with self._lock:
             return self.manager.complete_load(spec, failed)
 
+    def cancel_load(self, spec: LoadSpec) -> None:
+        with self._lock:
+            self.manager.cancel_load(spec)
+
     def prepare_store(self, keys: np.ndarray, start: int = 0, *, session: int = 0,
                       direct: bool = False) -> StoreSpec:
         with self._lock:
@@ -218,6 +203,15 @@ class TieredCache:
     def complete_checkpoint(self, spec: StateSpec, *, success: bool = True) -> None:
         with self._lock:
             self.manager.complete_checkpoint(spec, success=success)
+
+    def take_staging(self, count: int) -> np.ndarray:
+        """Up to `count` staging slots for direct writes (``staging_slots``)."""
+        with self._lock:
+            return self.backend.take_staging(count)
+
+    def release_staging(self, slots: np.ndarray) -> None:
+        with self._lock:
+            self.backend.release_staging(slots)
 
     def take_events(self) -> list[CacheEvent]:
         """Residency events since the last call (``CacheConfig.events``)."""
@@ -282,58 +276,6 @@ class TieredCache:
             row_of = {int(p): i for i, p in enumerate(ssd_positions)}
             self.backend.pool.scatter(spec.slots, rows[[row_of[int(p)] for p in spec.positions]])
         return self.complete_store(spec)
-
-    # ------------------------------------------ staging through DRAM
-    #
-    # The vLLM connector's workers copy only between their KV pages and
-    # DRAM slots, so SSD hits are first read into borrowed DRAM slots here.
-
-    def stage(self, keys: np.ndarray, blocks: int | None = None, start: int = 0) -> Staged:
-        """Makes the longest cached prefix of ``keys[:blocks]`` readable from
-        DRAM slots and locks it until ``release``: DRAM blocks by their own
-        slots, SSD blocks read (verified) into borrowed slots. Stops before
-        the first SSD block that fails its read (the copy leaves the SSD
-        tier) or finds no spare slot. Blocks before `start` are locked, not
-        read. The SSD reads run outside the lock: call it off the engine's
-        critical path."""
-        n = keys.shape[0] if blocks is None else min(blocks, keys.shape[0])
-        with self._lock:
-            spec = self.manager.prepare_load(keys, n, start=start)
-            ssd = spec.positions(SSD)
-            spare = self.manager.borrow_dram(ssd.size)
-            if spare.size < ssd.size:  # DRAM full of locked blocks: stage fewer
-                spec = self.manager.truncate_load(spec, int(ssd[spare.size]))
-                ssd = ssd[:spare.size]
-        slots = spec.slots.copy()
-        failed = 0
-        if ssd.size:
-            rows = np.empty((ssd.size, self.cfg.block_bytes), np.uint8)
-            good = self.backend.read_ssd(spec.slots[ssd], spec.path[ssd], rows)
-            self.backend.pool.scatter(spare, rows)
-            slots[ssd] = spare
-            if not good.all():
-                failed = int(np.count_nonzero(~good))
-                with self._lock:
-                    cut = int(ssd[np.flatnonzero(~good)[0]])
-                    spec = self.manager.truncate_load(spec, cut, failed=ssd[~good])
-                    keep = ssd < cut
-                    self.manager.return_dram(spare[~keep])
-                    ssd, spare, slots = ssd[keep], spare[keep], slots[:cut]
-        return Staged(spec, slots[:spec.num_blocks], ssd, spare, failed)
-
-    def release(self, st: Staged, *, promote: bool = True) -> int:
-        """The copier is done with a staged prefix: unlocks it; promotion
-        picks SSD hits to keep in DRAM (their bytes already sit in the
-        borrowed slots: no copy); the other borrowed slots go back. Returns
-        blocks promoted."""
-        with self._lock:
-            self.manager.complete_load(st.load)
-            keep = np.zeros(st.ssd_positions.size, bool)
-            if promote and st.ssd_positions.size:
-                keep = self.manager.promote_borrowed(
-                    st.path, st.ssd_positions, st.num_blocks - st.ssd_positions.size, st.spare)
-            self.manager.return_dram(st.spare[~keep])
-            return int(np.count_nonzero(keep))
 
     # ------------------------------------------------------------ lifetime
 

@@ -2,8 +2,8 @@
 
     pool = DramPool(num_slots=4096, slot_bytes=2 * 2**20)   # 8 GiB, pinned if CUDA is present
     h = pool.alloc(3)                  # int64 slot handles, e.g. [0, 1, 2]; the index stores them
-    pool.scatter(h, kv)                # kv: (3, slot_bytes) bytes -> the three slots, one numpy op
-    pool.gather(h, out)                # the three slots -> out, one numpy op
+    pool.scatter(h, kv)                # kv: (3, slot_bytes) bytes -> the three slots
+    pool.gather(h, out)                # the three slots -> out
     pool.view(h[0])[:16]               # a slot as a numpy view: no copy
     pool.as_torch()                    # the whole pool as a (num_slots, slot_bytes) uint8 tensor
     pool.free(h)
@@ -37,8 +37,8 @@ as many as are free (possibly none). ``free`` rejects handles that are out of ra
 allocated (double free) or repeated within the call, and then frees nothing.
 
 Threads. A lock guards the free list and the allocated flags (``alloc``, ``free``). Copies
-(``gather``, ``scatter``) do not take it: they are single numpy operations, which release the
-GIL for plain byte copies, so several threads copy in parallel. Copying into a slot while
+(``gather``, ``scatter``) do not take it: they are native copies that release the GIL, so
+several threads copy in parallel. Copying into a slot while
 another thread frees it is the caller's race, as with any allocator.
 
 Sharing (``shared``). With ``shared=PATH`` the pool is a ``MAP_SHARED`` mapping of the file
@@ -52,7 +52,8 @@ own free list; only the owner's is used. Pinning a shared pool uses ``cudaHostRe
 
 Views. ``view(h)`` and ``views(handles)`` are numpy views (no copy) of single slots;
 ``pool.array`` is the whole pool as a ``(num_slots, slot_bytes)`` uint8 array. Fancy indexing
-(``pool.array[handles]``) copies, which is why ``gather`` / ``scatter`` exist.
+(``pool.array[handles]``) copies twice, which is why ``gather`` / ``scatter`` exist: one
+``memcpy`` per slot in native code (``saria.tiers.copy``), the GIL released.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from saria.errors import SariaError
+from saria.tiers.copy import copy_rows
 
 __all__ = ["DramPool", "DramPoolError", "DramPoolFull"]
 
@@ -413,24 +415,22 @@ class DramPool:
 
     def gather(self, handles, out: np.ndarray) -> np.ndarray:
         """Copy slots ``handles`` into ``out`` (C-contiguous, ``len(handles) * slot_bytes``
-        bytes, any dtype/shape, e.g. ``(k, slot_bytes)`` uint8) in one numpy op. Returns out."""
+        bytes, any dtype/shape, e.g. ``(k, slot_bytes)`` uint8). Returns out."""
         h = self._handles(handles)
         self._check_live(h)
         dst = self._rows(out, h.size, "out")
         if h.size:
-            # mode="clip": handles are range-checked above, and the default mode="raise"
-            # buffers `out` (a second copy: about a third of memcpy speed).
-            np.take(self._arr, h, axis=0, out=dst, mode="clip")
+            copy_rows(dst, None, self._arr, h)
         return out
 
     def scatter(self, handles, src: np.ndarray) -> None:
         """Copy ``src`` (C-contiguous, ``len(handles) * slot_bytes`` bytes) into slots
-        ``handles`` in one numpy op."""
+        ``handles``."""
         h = self._handles(handles)
         self._check_live(h)
         rows = self._rows(src, h.size, "src")
         if h.size:
-            self._arr[h] = rows
+            copy_rows(self._arr, h, rows, None)
 
     def as_torch(self):
         """The whole pool as a ``(num_slots, slot_bytes)`` torch.uint8 CPU tensor sharing its

@@ -101,7 +101,7 @@ from saria.errors import ConfigError, SariaError
 
 from saria import _store
 
-__all__ = ["SsdStore", "RecoveredBlocks", "StoreClosedError", "DATA_FILE_NAME", "crc32c"]
+__all__ = ["SsdStore", "RecoveredBlocks", "StoreClosedError", "ReadOnlyStoreError", "DATA_FILE_NAME", "crc32c"]
 
 DATA_FILE_NAME: str = _store.DATA_FILE_NAME
 HEADER_BYTES: int = int(_store.HEADER_BYTES)
@@ -112,6 +112,10 @@ crc32c = _store.crc32c
 
 class StoreClosedError(SariaError, RuntimeError):
     """An operation on an SsdStore after close()."""
+
+
+class ReadOnlyStoreError(SariaError, RuntimeError):
+    """A write or free through a reader (``SsdStore.reader``)."""
 
 
 class RecoveredBlocks(NamedTuple):
@@ -171,6 +175,15 @@ class SsdStore:
     verify_on_open: "full" (every crc) or "header" (faster for big slots).
     allow_degraded: a drive that cannot be opened is marked failed instead of
         failing the whole open (at least one drive must open).
+    read_only: a reader (see ``SsdStore.reader``): the files must exist, their
+        size comes from the superblock (``capacity_bytes`` is ignored), no
+        owner lock, no recovery scan; only ``read``.
+
+    One writer per drive: the owner takes an exclusive lock on the drive's
+    ``saria-ssd.owner`` (and writes its pid there); a second owner of the
+    same directory, in this process or another, gets an ``OSError`` (EBUSY)
+    naming the directory and the holder's pid. The kernel releases the lock
+    when the owner closes the store or dies.
     """
 
     def __init__(
@@ -186,6 +199,7 @@ class SsdStore:
         direct: bool = True,
         verify_on_open: str = "full",
         allow_degraded: bool = False,
+        read_only: bool = False,
     ) -> None:
         if isinstance(dirs, (str, os.PathLike)):
             dirs = [dirs]
@@ -198,7 +212,9 @@ class SsdStore:
         for d in dir_list:
             if not d:
                 raise ConfigError("dirs", "an empty path was given")
-        if isinstance(capacity_bytes, (int, np.integer)) and not isinstance(capacity_bytes, bool):
+        if read_only:
+            caps = [0] * len(dir_list)  # taken from each file's superblock
+        elif isinstance(capacity_bytes, (int, np.integer)) and not isinstance(capacity_bytes, bool):
             caps = [int(capacity_bytes)] * len(dir_list)
         else:
             try:
@@ -209,7 +225,8 @@ class SsdStore:
                 raise ConfigError(
                     "capacity_bytes", f"{len(caps)} capacities for {len(dir_list)} drives (give one per drive or one int)"
                 )
-        caps = [_as_int("capacity_bytes", c, 1) for c in caps]
+        if not read_only:
+            caps = [_as_int("capacity_bytes", c, 1) for c in caps]
         block_bytes = _as_int("block_bytes", block_bytes, 1)
         if block_bytes > 1 << 30:
             raise ConfigError("block_bytes", f"must be at most 2**30, got {block_bytes}")
@@ -230,6 +247,7 @@ class SsdStore:
             direct=bool(direct),
             full_scan=verify_on_open == "full",
             allow_degraded=bool(allow_degraded),
+            read_only=bool(read_only),
         )
         self.block_bytes: int = block_bytes
         self.slot_bytes: int = int(self._s.slot_bytes)
@@ -244,6 +262,17 @@ class SsdStore:
     def open(cls, *args: Any, **kw: Any) -> "SsdStore":
         """Open (or create) a store; same arguments as the constructor."""
         return cls(*args, **kw)
+
+    @classmethod
+    def reader(cls, dirs: str | os.PathLike | Sequence[str | os.PathLike], block_bytes: int, *,
+               threads: int = 0, direct: bool = True) -> "SsdStore":
+        """A read-only view of an existing store (the drives of another
+        process's store, say): O_DIRECT reads verified like the owner's."""
+        return cls(dirs, 0, block_bytes, threads=threads, direct=direct, read_only=True)
+
+    @property
+    def read_only(self) -> bool:
+        return bool(self._s.read_only)
 
     # -- properties ------------------------------------------------------------
     @property
@@ -321,6 +350,11 @@ class SsdStore:
             raise ConfigError("handles", f"must be integers, got dtype {h.dtype}")
         return np.ascontiguousarray(h, dtype=np.int64)
 
+    def _check_owner(self) -> None:
+        if self.read_only:
+            raise ReadOnlyStoreError("this SSD store is a read-only reader: only its owner writes "
+                                     "and frees")
+
     def write(self, keys: Any, data: Any) -> np.ndarray:
         """Write k blocks; returns (k,) int64 handles, -1 where a block was not stored.
 
@@ -328,6 +362,7 @@ class SsdStore:
         block_bytes bytes long.
         """
         self._check()
+        self._check_owner()
         kk = self._keys(keys)
         d = np.asarray(data)
         if d.dtype != np.uint8:
@@ -370,6 +405,7 @@ class SsdStore:
         """Return slots to the allocator (nothing is written). Returns how many were freed;
         handles out of range or already free are skipped and counted as ``bad_frees``."""
         self._check()
+        self._check_owner()
         return int(_native_call(self._s.free, self._handles(handles)))
 
     def sync(self) -> None:

@@ -70,6 +70,25 @@ class LinkModel:
         return min(self.ssd_Bps, self.ingress_Bps)
 
 
+def paced_dram_rate(link: LinkModel, dram_bytes: float, ssd_bytes: float) -> float:
+    """The pacing rule: the DRAM copy rate while SSD reads are in flight.
+
+    At most the ingress the SSD path leaves (the residual, times the pacing
+    efficiency), and no faster than finishing together with the SSD part
+    (``dram_bytes / (ssd_bytes / B_ssd)``): a DRAM copy done early buys
+    nothing while the reload waits for its SSD part, and the ingress it does
+    not take is left to other requests' DRAM copies. Either way the reload
+    itself completes at the same time. The vLLM worker paces its copies with
+    this rule; 0 means the SSD path alone fills the link (DRAM waits).
+    """
+    residual = max(min(link.dram_alone, link.ingress_Bps - link.ssd_alone), 0.0)
+    residual *= link.pacing_efficiency
+    if ssd_bytes <= 0:
+        return link.dram_alone
+    together = dram_bytes / (ssd_bytes / link.ssd_alone)
+    return min(residual, together)
+
+
 def reload_time(dram_bytes: float, ssd_bytes: float, link: LinkModel, mode: str = "paced") -> float:
     """Seconds until the last byte of a DRAM+SSD reload has reached the GPU."""
     if dram_bytes < 0 or ssd_bytes < 0:
@@ -89,7 +108,7 @@ def reload_time(dram_bytes: float, ssd_bytes: float, link: LinkModel, mode: str 
             d_rate, s_rate = rd, rs
     elif mode == "paced":
         s_rate = rs
-        d_rate = min(rd, link.ingress_Bps - rs) * link.pacing_efficiency
+        d_rate = paced_dram_rate(link, dram_bytes, ssd_bytes)
         if d_rate <= 0:  # the SSDs alone fill the link: DRAM waits
             return ssd_bytes / rs + dram_bytes / rd
     else:
