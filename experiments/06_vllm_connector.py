@@ -12,9 +12,8 @@ that only a connector can give hits:
    hits) and saria-ssd (full-duplicate admission, no promotion, and between
    turns a filler prompt of fresh tokens -- other users' traffic -- that
    evicts the session from DRAM, so each hit is read from the SSD tier, a temp
-   dir on this machine's disk). saria reads an SSD hit into free DRAM slots,
-   so a pool smaller than the prefix caps the hit at the pool's size: the
-   saria-ssd pool holds exactly one turn. Also vLLM's ``num_cached_tokens`` and
+   dir on this machine's disk, by the worker straight into the KV pages; the
+   saria-ssd pool holds one turn). Also vLLM's ``num_cached_tokens`` and
    saria's DRAM/SSD hit blocks per turn; the greedy token of every turn must
    match across configurations (a mismatch is printed and exits 1).
 2. Throughput at a 0% hit rate: batches of distinct random prompts (the same
@@ -145,12 +144,15 @@ def _margin(step: dict) -> float:
 
 
 def saria_hits(llm) -> dict | None:
-    """saria's cumulative DRAM/SSD hit blocks and background SSD-read time
+    """saria's cumulative DRAM/SSD hit blocks and the worker's SSD-read time
     (in-process engine only)."""
     try:
         sched = llm.llm_engine.engine_core.engine_core.scheduler.connector._scheduler
-        return dict(sched.cache.stats.hit_blocks, stage_us=sched.counters.get("ssd_stage_us", 0))
-    except AttributeError:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        totals = get_kv_transfer_group()._worker.coordinator.totals
+        return dict(sched.cache.stats.hit_blocks, stage_us=totals["ssd_us"])
+    except (AttributeError, AssertionError):
         return None
 
 

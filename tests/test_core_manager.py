@@ -52,11 +52,11 @@ class Recorder(AdmissionPolicy):
         self.seen["create"].append({bytes(k) for k in keys})
         return np.zeros(len(keys), bool)
 
-    def on_access(self, keys, reuse, hits, now):
+    def on_access(self, keys, reuse, hits, now, **history):
         self.seen["access"].append({bytes(k) for k in keys})
         return np.zeros(len(keys), bool)
 
-    def on_evict(self, keys, reuse, hits, dram_evictions, now):
+    def on_evict(self, keys, reuse, hits, dram_evictions, now, **history):
         self.seen["evict"].append({bytes(k) for k in keys})
         return np.zeros(len(keys), bool)
 

@@ -5,6 +5,7 @@ run with ctest."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,8 +20,12 @@ NATIVE_TESTS = Path(__file__).resolve().parent.parent / "native" / "tests"
 def test_store_units_in_cpp(tmp_path):
     build = tmp_path / "build"
 
+    # A library preloaded into this process (vLLM's CPU build sets LD_PRELOAD
+    # when imported) must not reach the sanitized binary: ASan must come first.
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
     def run(*cmd: str) -> str:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
         assert p.returncode == 0, f"{' '.join(cmd)} failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
         return p.stdout
 

@@ -2,6 +2,8 @@
 
     saria bench index [--trace TRACE] [--json PATH] [--dram-fraction F]
                       [--window-hours H] [--seed N] [--limit-sessions N]
+    saria bench io --dir DIR ...       (bench_io_cmd.py)
+    saria bench reload --dir DIR ...   (bench_reload_cmd.py)
 
 ``index`` streams a trace (default: the bundled WEKA bundle, 94 M block
 visits) through match/touch/evict/add on the real radix index and reports
@@ -46,8 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="WEKA: first N sessions only")
     ix.set_defaults(func=run_index)
     from saria.cli.bench_io_cmd import add_io_parser
+    from saria.cli.bench_reload_cmd import add_reload_parser
 
     add_io_parser(sub)
+    add_reload_parser(sub)
 
 
 def run_index(args: argparse.Namespace) -> int:

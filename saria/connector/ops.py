@@ -79,6 +79,9 @@ class OpTracker:
     def stores_pending(self, req_id: str) -> bool:
         return any(op.kind == "store" and op.req_id == req_id for op in self._ops.values())
 
+    def loads_pending(self, req_id: str) -> bool:
+        return any(op.kind == "load" and op.req_id == req_id for op in self._ops.values())
+
     def pending(self) -> list[PendingOp]:
         return list(self._ops.values())
 

@@ -129,6 +129,7 @@ class SariaScheduler:
         self.ops = OpTracker(geo.tp_size, cfg.op_timeout_s)
         self.reqs: dict[str, _Req] = {}
         self._draining: dict[str, _Req] = {}     # finished, direct writes still to copy
+        self._finishing: dict[str, _Req] = {}    # finished before their load was reported
         self._loads: list[Transfer] = []
         self._late_stores: list[Transfer] = []   # promotions of requests that finished
         self._delayed: list[str] = []
@@ -246,16 +247,28 @@ class SariaScheduler:
         st = self.reqs.pop(rid, None)
         if st is not None:
             self._cancel(st)
-            # Its KV pages still hold the SSD hits: promote before they are freed.
+            if self.ops.loads_pending(rid):
+                # vLLM reports a request finished before the load it ran in the
+                # same step: its outcome decides the promotion, so keep the pages.
+                self._finishing[rid] = st
+                self.counters["delayed_frees"] += 1
+                return True, None
+        return self._finish(rid, st)
+
+    def _finish(self, rid: str, st: _Req | None, counted: bool = False) -> tuple[bool, None]:
+        """A finished request whose load is settled: its KV pages still hold
+        its SSD hits, so promote them, then keep the pages while copies of
+        them (stores, promotion, direct writes) are still to run."""
+        if st is not None:
             self._promote(st, rid, self._late_stores)
             if st.direct:  # its pages stay until the last wave is copied
                 self._draining[rid] = st
-                self.counters["delayed_frees"] += 1
+                self.counters["delayed_frees"] += not counted
                 return True, None
         busy = self.ops.stores_pending(rid) or any(t.req_id == rid for t in self._late_stores)
         if busy:
             self._delayed.append(rid)
-            self.counters["delayed_frees"] += 1
+            self.counters["delayed_frees"] += not counted
         return busy, None
 
     def take_events(self):
@@ -397,6 +410,14 @@ class SariaScheduler:
             if not ok:
                 self.counters["store_failures"] += 1
             return
+        self._complete_load(op, ok)
+        rid = op.req_id
+        if rid in self._finishing:  # finished in the step of its load: settle it now
+            busy, _ = self._finish(rid, self._finishing.pop(rid), counted=True)
+            if not busy:
+                self._delayed.append(rid)  # vLLM waits for the worker to report it
+
+    def _complete_load(self, op, ok: bool) -> None:
         spec: LoadSpec = op.spec
         if not ok:  # a copy failed (not an SSD block): vLLM recomputes, the cache keeps its copies
             self.cache.cancel_load(spec)
@@ -408,7 +429,7 @@ class SariaScheduler:
             ssd = spec.positions(Tier.SSD)
             failed = ssd[np.isin(spec.slots[ssd], bad)]
         served = self.cache.complete_load(spec, failed)
-        st = self.reqs.get(op.req_id)
+        st = self.reqs.get(op.req_id) or self._finishing.get(op.req_id)
         if st is not None:
             # vLLM recomputes from the first bad block: store what it recomputes.
             st.stored = min(st.stored, served)

@@ -73,6 +73,7 @@ class CacheManager:
         self._pending: set[bytes] = set()  # SSD writes in flight (asynchronous backends)
         self._written: list[tuple[np.ndarray, bool]] | None = [] if record_writes else None
         backend.bind(self.complete_ssd_write)
+        admission.bind(ssd_units=backend.capacity(SSD), state_units=backend.state_units)
 
     # ------------------------------------------------------------- queries
 
@@ -362,7 +363,8 @@ class CacheManager:
         if resident.size == 0:
             return
         want = self.admission.on_access(path[resident], h["reuse"][resident],
-                                        h["hits"][resident], self.now())
+                                        h["hits"][resident], self.now(),
+                                        last_access=h["last_access"][resident], depth=resident)
         self._persist_path(path, resident[want], masks, ckpt, pin=path)
 
     def _admit_created(self, spec: StoreSpec) -> None:
@@ -379,7 +381,8 @@ class CacheManager:
     def _admit_victims(self, ev) -> None:
         """DRAM victims (their ``dram_evictions`` counts this eviction); a
         victim's DRAM checkpoint shares its block's decision."""
-        want = self.admission.on_evict(ev.keys, ev.reuse, ev.hits, ev.dram_evictions, self.now())
+        want = self.admission.on_evict(ev.keys, ev.reuse, ev.hits, ev.dram_evictions, self.now(),
+                                       last_access=ev.last_access, depth=ev.depth)
         blocks = want & ((ev.tiers_after & SSD.bit) == 0)
         if blocks.any():
             self._write_blocks(ev.keys[blocks], ev.slots[blocks])
@@ -391,9 +394,11 @@ class CacheManager:
     def _admit_superseded(self, path: np.ndarray, older: np.ndarray, ck: np.ndarray) -> None:
         h = self.index.history(path[: int(older[-1]) + 1])
         want = self.admission.on_evict(path[older], h["reuse"][older], h["hits"][older],
-                                       h["dram_evictions"][older], self.now())
+                                       h["dram_evictions"][older], self.now(),
+                                       last_access=h["last_access"][older], depth=older)
         for p in older[want & ((ck[older] & SSD.bit) == 0)]:
-            if self._write_state(path[p], self.index.checkpoint_slot(bytes(path[p]), DRAM)):
+            if self._write_state(path[p], self.index.checkpoint_slot(bytes(path[p]), DRAM),
+                                 decided=1):
                 ck[p] |= SSD.bit
 
     # ----------------------------------------------------------- SSD writes
@@ -443,13 +448,16 @@ class CacheManager:
                                   else rows[idx], path=spec.chain, positions=pos[idx]))
 
     def _write_state(self, key: np.ndarray, dram_handle: int | None,
-                     pin: np.ndarray | None = None) -> bool:
+                     pin: np.ndarray | None = None, decided: int = 0) -> bool:
+        """Writes a checkpoint; admission is charged its units (less the
+        `decided` ones its own decision already spent)."""
         units = self.backend.state_units
         if dram_handle is None or (self._pending and bytes(key) in self._pending):
             return False
         if self._make_room(SSD, units, None, pin=pin) < units:
             self.stats.writes_dropped += 1
             return False
+        self.admission.charge(units - decided, self.now())
         return self._submit(SsdWrite(key[None, :].copy(), np.array([dram_handle], np.int64),
                                      state=True))
 

@@ -34,21 +34,31 @@ class AdmissionPolicy:
     #: ``on_create`` may admit: blocks are written as they are created (write-through)
     writes_on_create = False
 
+    def bind(self, *, ssd_units: int, state_units: int = 0) -> None:
+        """Called once by the cache core: the SSD tier's capacity in units (a
+        block is one unit, a hybrid checkpoint ``state_units``)."""
+
     def on_create(self, keys: np.ndarray, now: float) -> np.ndarray:
         """Mask over freshly computed blocks to write to SSD now."""
         return np.zeros(keys.shape[0], dtype=bool)
 
     def on_access(self, keys: np.ndarray, reuse: np.ndarray, hits: np.ndarray,
-                  now: float) -> np.ndarray:
+                  now: float, *, last_access=None, depth=None) -> np.ndarray:
         """Mask over DRAM-resident blocks a request just referenced (history
-        already counts this access) to write to SSD early."""
+        already counts this access) to write to SSD early. `last_access` and
+        `depth` (block position in its prefix), when given, are history too."""
         return np.zeros(keys.shape[0], dtype=bool)
 
     def on_evict(self, keys: np.ndarray, reuse: np.ndarray, hits: np.ndarray,
-                 dram_evictions: np.ndarray, now: float) -> np.ndarray:
+                 dram_evictions: np.ndarray, now: float, *, last_access=None,
+                 depth=None) -> np.ndarray:
         """Mask over DRAM victims (dram_evictions counts this eviction) to
         write to SSD before their DRAM slot is reused."""
         return np.zeros(keys.shape[0], dtype=bool)
+
+    def charge(self, units: float, now: float) -> None:
+        """Units written on the strength of another decision (a checkpoint
+        shares its block's): a budgeted policy counts them."""
 
     def __repr__(self) -> str:
         return f"<admission {self.name}>"
@@ -76,7 +86,7 @@ class WriteBack(AdmissionPolicy):
     name = "write-back"
     writes_nothing = False
 
-    def on_evict(self, keys, reuse, hits, dram_evictions, now):
+    def on_evict(self, keys, reuse, hits, dram_evictions, now, **history):
         return np.ones(keys.shape[0], dtype=bool)
 
 
@@ -111,12 +121,12 @@ class Saria(AdmissionPolicy):
             parts.append(f"R{reuse}")
         self.name = name or "+".join(parts)
 
-    def on_access(self, keys, reuse, hits, now):
+    def on_access(self, keys, reuse, hits, now, **history):
         if self.t.reuse is None:
             return np.zeros(keys.shape[0], dtype=bool)
         return reuse >= self.t.reuse
 
-    def on_evict(self, keys, reuse, hits, dram_evictions, now):
+    def on_evict(self, keys, reuse, hits, dram_evictions, now, **history):
         if self.t.evictions is None:
             return np.zeros(keys.shape[0], dtype=bool)
         return dram_evictions >= self.t.evictions
@@ -132,7 +142,7 @@ class HiCacheSelective(AdmissionPolicy):
     def __init__(self, threshold: int = 2) -> None:
         self.threshold = threshold
 
-    def on_access(self, keys, reuse, hits, now):
+    def on_access(self, keys, reuse, hits, now, **history):
         return hits >= self.threshold
 
 
@@ -173,7 +183,7 @@ class KvbmFrequencyFilter(AdmissionPolicy):
     def on_create(self, keys, now):
         return self._sight(keys, now)
 
-    def on_access(self, keys, reuse, hits, now):
+    def on_access(self, keys, reuse, hits, now, **history):
         return self._sight(keys, now)
 
 
@@ -194,11 +204,22 @@ POLICIES = {
 }
 
 
-def make_admission(name: str) -> AdmissionPolicy:
-    """A fresh policy object by name: the names above, or any ``E<k>``,
-    ``R<j>``, ``E<k>+R<j>``. Unknown names list the valid ones."""
+def make_admission(name: str, *, dwpd: float = 1.0) -> AdmissionPolicy:
+    """A fresh policy object by name: the names above, any ``E<k>``,
+    ``R<j>``, ``E<k>+R<j>``, or ``budget`` / ``budget:<fraction>`` (of the
+    drives' `dwpd` rating). Unknown names list the valid ones."""
     if name in POLICIES:
         return POLICIES[name]()
+    if name == "budget" or name.startswith("budget:"):
+        from saria.policy.budget import BudgetAdmission
+
+        frac = name.partition(":")[2] or "1"
+        try:
+            fraction = float(frac)
+        except ValueError:
+            raise ConfigError("policy", f"budget fraction must be a number, got {frac!r} "
+                              f"in {name!r}") from None
+        return BudgetAdmission(fraction, dwpd=dwpd)
     e = r = None
     ok = bool(name)
     for part in name.split("+"):
@@ -214,4 +235,4 @@ def make_admission(name: str) -> AdmissionPolicy:
     if ok:
         return Saria(evictions=e, reuse=r, name=name)
     raise ConfigError("policy", f"unknown admission policy {name!r}; valid: "
-                      f"{', '.join(POLICIES)} (or E<k>, R<j>, E<k>+R<j>)")
+                      f"{', '.join(POLICIES)}, budget (or E<k>, R<j>, E<k>+R<j>, budget:<fraction>)")

@@ -21,6 +21,7 @@ Sources:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 from saria.errors import ConfigError
@@ -159,10 +160,50 @@ DEFAULT_PRESET = "qwen3-8b/h100-gen5-1ssd"
 
 def get_preset(name: str) -> Preset:
     """A preset by name (``MODEL/HARDWARE``, or a model name alone for its
-    default hardware); unknown names list the valid ones."""
+    default hardware); HARDWARE may also be a JSON file of measured figures
+    (``saria bench reload --json``: ``MODEL/path/measured.json``); unknown
+    names list the valid ones."""
     if name in PRESETS:
         return PRESETS[name]
     if name in MODELS:
         return PRESETS[f"{name}/h100-gen5-1ssd"]
+    model, sep, hardware = name.partition("/")
+    if sep and hardware.endswith(".json") and model in MODELS:
+        hw = load_hardware(hardware)
+        return Preset(f"{model}/{hw.name}", MODELS[model], hw)
     raise ConfigError("preset", f"unknown preset {name!r}; valid: "
-                      f"{', '.join(sorted(PRESETS))} (or a model: {', '.join(MODELS)})")
+                      f"{', '.join(sorted(PRESETS))} (or a model: {', '.join(MODELS)}; "
+                      "or MODEL/measured.json)")
+
+
+def load_hardware(path: str) -> HardwareSpec:
+    """A ``HardwareSpec`` from a JSON file: ``{"hardware": {"base": NAME,
+    FIELD: value, ...}}`` (what ``saria bench reload --json`` writes) or the
+    inner object alone; fields not given come from the ``base`` preset."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ConfigError("preset", f"cannot read {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError("preset", f"{path}:{e.lineno}: not valid JSON: {e.msg}") from None
+    fields = data.get("hardware", data) if isinstance(data, dict) else None
+    if not isinstance(fields, dict):
+        raise ConfigError("preset", f"{path}: must hold a JSON object")
+    fields = dict(fields)
+    base = fields.pop("base", "h100-gen5-1ssd")
+    if base not in HARDWARE:
+        raise ConfigError("preset", f"{path}: unknown base hardware {base!r}; valid: "
+                          f"{', '.join(HARDWARE)}")
+    known = set(HardwareSpec.__dataclass_fields__) - {"name"}
+    bad = sorted(set(fields) - known - {"name"})
+    if bad:
+        raise ConfigError("preset", f"{path}: unknown hardware field {bad[0]!r}; valid: "
+                          f"{', '.join(sorted(known))}")
+    name = str(fields.pop("name", os.path.basename(path)))
+    try:
+        return replace(HARDWARE[base], name=name, **fields)
+    except TypeError as e:
+        raise ConfigError("preset", f"{path}: {e}") from None

@@ -85,8 +85,10 @@ def paced_dram_rate(link: LinkModel, dram_bytes: float, ssd_bytes: float) -> flo
     residual *= link.pacing_efficiency
     if ssd_bytes <= 0:
         return link.dram_alone
-    together = dram_bytes / (ssd_bytes / link.ssd_alone)
-    return min(residual, together)
+    ssd_time = ssd_bytes / link.ssd_alone
+    if ssd_time <= 0:  # a vanishing SSD part (underflow): nothing to finish with
+        return residual
+    return min(residual, dram_bytes / ssd_time)
 
 
 def reload_time(dram_bytes: float, ssd_bytes: float, link: LinkModel, mode: str = "paced") -> float:
