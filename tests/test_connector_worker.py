@@ -108,15 +108,35 @@ def test_ssd_blocks_land_in_kv_pages_verified(tmp_path, layout, tp_rank):
     pages = KVPages(kv, geo)
     reader = SsdPageReader((str(tmp_path / "d0"),), pages, geo)
     t = Transfer(1, "r", Medium.SSD, Medium.KV, handles.tolist(), [7, 0, 11], keys.tobytes())
-    rows, ok = reader.read([t])
+    ok = reader.load([t])
     assert ok.tolist() == [True, False, True]
-    for layer in range(3):
-        reader.scatter(layer, rows[ok], [7, 11])
     reader.close()
     owner.close()
     assert all(torch.equal(a, b) for a, b in zip(pages_of(kv, layout, 7), want[5]))
     assert all(torch.equal(a, b) for a, b in zip(pages_of(kv, layout, 11), want[2]))
     assert not any(p.any() for p in pages_of(kv, layout, 0))   # the bad block was not copied
+
+
+def test_ssd_reads_in_chunks_put_every_block_in_place(tmp_path):
+    """Chunks smaller than the load: the reads of one chunk overlap the page
+    copies of the previous one, and every block still lands where named."""
+    geo = geometry("cpu", 0, tp=1)
+    kv = kv_caches("cpu")
+    want = {b: pages_of(kv, "cpu", b) for b in range(7)}
+    owner, handles, keys = _ssd_with_blocks(tmp_path, geo, kv, "cpu", list(range(7)))
+    for t in kv.values():
+        t.zero_()
+    reader = SsdPageReader((str(tmp_path / "d0"),), KVPages(kv, geo), geo,
+                           chunk_bytes=2 * geo.slot_bytes)
+    events: list = []
+    t = Transfer(1, "r", Medium.SSD, Medium.KV, handles.tolist(), [15, 8, 9, 10, 11, 12, 13],
+                 keys.tobytes())
+    assert reader.load([t], events).all()
+    reader.close()
+    owner.close()
+    for dst, src in zip(t.dst_ids, range(7)):
+        assert all(torch.equal(a, b) for a, b in zip(pages_of(kv, "cpu", dst), want[src]))
+    assert [e[2] for e in events].count("ssd") == 4            # 7 blocks, 2 per chunk
 
 
 @pytest.mark.parametrize("mode", ["serial", "overlap", "paced"])
@@ -150,11 +170,10 @@ def test_every_coordinator_mode_puts_the_same_bytes_in_place(tmp_path, mode):
         assert all(torch.equal(a, b) for a, b in zip(pages_of(kv, "cpu", got), want[src]))
     first_copy = min(e[0] for e in events if e[2] == "dram")
     last_copy = max(e[1] for e in events if e[2] == "dram")
-    read = next(e for e in events if e[2] == "ssd")
-    if mode == "serial":
-        assert read[0] >= last_copy
-    else:
-        assert read[0] <= first_copy
+    if mode == "serial":   # the read is issued after the copies
+        assert step.read_start >= last_copy
+    else:                  # the read is issued before them
+        assert step.read_start <= first_copy
     assert coord.totals["dram_bytes"] == 3 * 3 * geo.page_bytes
     assert coord.totals["ssd_bytes"] == 3 * geo.slot_bytes
 

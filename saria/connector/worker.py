@@ -12,9 +12,10 @@ each with the handler for its (source, destination) media:
   page-locked pool.
 * ``SSD -> KV`` (``SsdPageReader``): the worker opens the store's drive files
   read-only (O_DIRECT, through the native store, which verifies the header,
-  the key and both checksums), reads whole blocks into an aligned staging
-  buffer on a background thread, then copies each layer's pages into the KV
-  cache when that layer is about to run. A block that fails its read is
+  the key and both checksums) and reads whole blocks, in chunks, into two
+  aligned staging buffers on a background thread; while one chunk is read
+  the previous one's pages of every layer go into the KV cache, so the copy
+  hides behind the drive. A block that fails its read is
   reported (vLLM recomputes it; the scheduler drops the copy). On CUDA the
   staging buffer would be page-locked and a GPUDirect Storage handler
   (kvikio ``CuFile`` reads into a GPU staging buffer, then a scatter into the
@@ -157,16 +158,20 @@ class PageCopier:
 
 
 class SsdPageReader:
-    """SSD -> KV: whole blocks read (verified) into a staging buffer, then
-    each layer's pages copied into the KV cache."""
+    """SSD -> KV: whole blocks read (verified) in chunks into two staging
+    buffers; while one chunk is read, the previous one's pages of every layer
+    go into the KV cache, so the copy hides behind the drive."""
 
-    def __init__(self, dirs: tuple[str, ...], pages: KVPages, geo: Geometry) -> None:
+    def __init__(self, dirs: tuple[str, ...], pages: KVPages, geo: Geometry,
+                 chunk_bytes: int = 32 << 20) -> None:
         self.dirs = dirs
         self.pages = pages
         self.geo = geo
         self.base = geo.tp_rank * geo.rank_bytes
+        self.chunk = max(1, chunk_bytes // geo.slot_bytes)
         self._store = None
-        self._buf = np.zeros((0, geo.slot_bytes), np.uint8)
+        self._bufs = [_aligned_rows(self.chunk, geo.slot_bytes) for _ in range(2)]
+        self._reads = ThreadPoolExecutor(1, thread_name_prefix="saria-ssd-chunk")
 
     def _reader(self):
         if self._store is None:  # the owner made the files before any block was written
@@ -175,35 +180,62 @@ class SsdPageReader:
             self._store = SsdStore.reader(list(self.dirs), self.geo.slot_bytes)
         return self._store
 
-    def read(self, transfers: list[Transfer]) -> tuple[np.ndarray, np.ndarray]:
-        """Reads every block of `transfers` (in order); returns the staging
-        rows and the per-block ok mask. Blocking: run it off the caller."""
+    def load(self, transfers: list[Transfer], timeline=None) -> np.ndarray:
+        """Reads every block of `transfers` and puts each good block's pages
+        of every layer into its KV block; returns the per-block ok mask (a
+        block that failed its read is not copied). Blocking: run it off the
+        caller. `timeline` gets (start, end, "ssd" | "ssd-scatter", bytes)."""
         handles = np.concatenate([np.asarray(t.src_ids, np.int64) for t in transfers])
-        keys = np.frombuffer(b"".join(t.keys for t in transfers), np.uint8).reshape(-1, 32)
-        n = handles.size
-        if self._buf.shape[0] < n:
-            self._buf = _aligned_rows(n, self.geo.slot_bytes)
-        rows = self._buf[:n]
-        ok = self._reader().read(handles, np.ascontiguousarray(keys), rows)
-        return rows, ok
+        keys = np.ascontiguousarray(np.frombuffer(b"".join(t.keys for t in transfers),
+                                                  np.uint8).reshape(-1, 32))
+        kv_ids = np.asarray([b for t in transfers for b in t.dst_ids], np.int64)
+        n, c = handles.size, self.chunk
+        ok = np.zeros(n, bool)
+        store = self._reader()
 
-    def scatter(self, layer: int, rows: np.ndarray, kv_ids: list[int]) -> int:
-        """Copies one layer's pages of the read blocks into their KV blocks."""
-        if not kv_ids:
+        def read(k: int):
+            a = time.perf_counter()
+            rows = self._bufs[k % 2][: min(c, n - k * c)]
+            good = store.read(handles[k * c:(k + 1) * c], keys[k * c:(k + 1) * c], rows)
+            if timeline is not None:
+                timeline.append((a, time.perf_counter(), "ssd", rows.nbytes))
+            return rows, good
+
+        chunks = -(-n // c)
+        pending = self._reads.submit(read, 0)
+        for k in range(chunks):
+            rows, good = pending.result()
+            if k + 1 < chunks:
+                pending = self._reads.submit(read, k + 1)
+            ok[k * c: k * c + good.size] = good
+            a = time.perf_counter()
+            picked = np.flatnonzero(good)
+            moved = self.scatter(rows, picked, kv_ids[k * c:(k + 1) * c][picked])
+            if timeline is not None:
+                timeline.append((a, time.perf_counter(), "ssd-scatter", moved))
+        return ok
+
+    def scatter(self, rows: np.ndarray, picked: np.ndarray, kv_ids: np.ndarray) -> int:
+        """Copies every layer's pages of the read blocks ``rows[picked]``
+        into KV blocks `kv_ids`."""
+        if kv_ids.size == 0:
             return 0
-        off = self.base + layer * self.geo.page_bytes
-        src = rows[:, off: off + self.geo.page_bytes]
-        dst = self.pages.page_rows(layer)
-        if dst is not None and self.pages.device.type == "cpu":
-            copy_rows(dst, kv_ids, src, None)
-        else:
-            blocks = self.pages.layers[layer]
-            t = torch.from_numpy(np.ascontiguousarray(src))
-            for i, b in enumerate(kv_ids):
-                blocks[b].copy_(t[i].view(blocks.shape[1:]))
-        return len(kv_ids) * self.geo.page_bytes
+        cpu = self.pages.device.type == "cpu"
+        for layer in range(self.geo.num_layers):
+            off = self.base + layer * self.geo.page_bytes
+            src = rows[:, off: off + self.geo.page_bytes]
+            dst = self.pages.page_rows(layer)
+            if dst is not None and cpu:
+                copy_rows(dst, kv_ids, src, picked)
+            else:
+                blocks = self.pages.layers[layer]
+                for i, b in zip(picked.tolist(), kv_ids.tolist()):
+                    page = torch.from_numpy(np.ascontiguousarray(src[i]))
+                    blocks[b].copy_(page.view(blocks.shape[1:]))
+        return int(kv_ids.size) * self.geo.rank_bytes
 
     def close(self) -> None:
+        self._reads.shutdown(wait=True)
         if self._store is not None:
             self._store.close()
 
@@ -278,7 +310,8 @@ class LoadCoordinator:
 
 
 class StepLoad:
-    """One step's loads in progress: per-layer DRAM copy futures and the SSD read."""
+    """One step's loads in progress: per-layer DRAM copy futures and the SSD
+    job (read and pages put in place, on the coordinator's I/O thread)."""
 
     def __init__(self, coord: LoadCoordinator, ssd: list[Transfer]) -> None:
         self.coord = coord
@@ -286,16 +319,14 @@ class StepLoad:
         self.futures: dict[int, list[tuple[Transfer, Future]]] = defaultdict(list)
         self.errors: dict[int, BaseException] = {}  # op id -> its first failed DRAM copy
         self.read: Future | None = None
-        self.rows = self.ok = None
+        self.done_reading = False
         self.t0 = 0.0
         self.read_start = 0.0
         self.failed: list[tuple[Transfer, list[int], list[int]]] = []  # (t, kv ids, handles)
-        self.kv_ok: list[list[int]] = []
-        self.scattered: set[int] = set()
 
     def start_reads(self) -> None:
         self.read_start = time.perf_counter()
-        self.read = self.coord._io.submit(self.coord.reader.read, self.ssd)
+        self.read = self.coord._io.submit(self.coord.reader.load, self.ssd, self.coord.timeline)
 
     def reading(self) -> bool:
         return self.read is not None and not self.read.done()
@@ -307,54 +338,37 @@ class StepLoad:
             pass
 
     def layer_ready(self, layer: int) -> None:
-        """Waits for `layer`'s DRAM copies and puts its SSD pages in place."""
+        """Waits for `layer`'s DRAM copies and for the SSD blocks' pages."""
         for t, f in self.futures.pop(layer, ()):
             err = f.exception()  # waits
             if err is not None:
                 self.errors.setdefault(t.op_id, err)
-        if self.read is None or layer in self.scattered:
-            return
-        if self.rows is None:
+        if self.read is not None and not self.done_reading:
             self._finish_read()
-        if self.rows is None:
-            return
-        self.scattered.add(layer)
-        a = time.perf_counter()
-        n = 0
-        start = 0
-        for kv in self.kv_ok:
-            n += self.coord.reader.scatter(layer, self.rows[start: start + len(kv)], kv)
-            start += len(kv)
-        self.coord.timeline.append((a, time.perf_counter(), "ssd-scatter", n))
 
     def _finish_read(self) -> None:
+        self.done_reading = True
+        n = sum(len(t) for t in self.ssd)
         try:
-            rows, ok = self.read.result()
+            ok = self.read.result()
         except Exception as e:  # noqa: BLE001 -- the whole read failed: every block recomputed
             log.error("saria: SSD read failed: %s", e)
-            rows, ok = None, np.zeros(sum(len(t) for t in self.ssd), bool)
+            ok = np.zeros(n, bool)
         end = time.perf_counter()
         c = self.coord
-        n_bytes = sum(len(t) for t in self.ssd) * c.copier.geo.slot_bytes
+        n_bytes = n * c.copier.geo.slot_bytes
         c.totals["ssd_bytes"] += n_bytes
         c.totals["ssd_us"] += int((end - self.read_start) * 1e6)
-        c.timeline.append((self.read_start, end, "ssd", n_bytes))
         if c.mode == "serial" or not any(self.futures.values()):
             c.ssd_Bps = _ewma(c.ssd_Bps, n_bytes / max(end - self.read_start, 1e-9))
-        # Keep the good blocks in read order; compact their rows.
-        good_rows, start = [], 0
+        start = 0
         for t in self.ssd:
-            k = len(t)
-            mask = ok[start: start + k]
-            self.kv_ok.append([b for b, m in zip(t.dst_ids, mask) if m])
+            mask = ok[start: start + len(t)]
             if not mask.all():
                 self.failed.append((t, [b for b, m in zip(t.dst_ids, mask) if not m],
                                     [h for h, m in zip(t.src_ids, mask) if not m]))
-            if rows is not None:
-                good_rows.append(rows[start: start + k][mask])
-            start += k
+            start += len(t)
         c.totals["ssd_blocks_failed"] += int(np.count_nonzero(~ok))
-        self.rows = np.concatenate(good_rows) if good_rows else np.zeros((0, 0), np.uint8)
 
     def finish(self) -> None:
         """Every layer in place (the step's loads end)."""
