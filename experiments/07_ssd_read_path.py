@@ -161,7 +161,7 @@ def build_previous(rev: str, tmp: Path) -> Path | None:
     """The saria package of git revision `rev`, built into `tmp`; None (with a
     line on stderr) when git or the revision is not at hand."""
     root = HERE.parent
-    src = tmp / "src"
+    src = tmp / "saria-prev"  # (pip mistakes a folder named "src")
     try:
         subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(src), rev],
                        check=True, capture_output=True, text=True)
@@ -186,8 +186,10 @@ def build_previous(rev: str, tmp: Path) -> Path | None:
 
 def main() -> None:
     ap = C.parser(NAME, __doc__)
-    ap.add_argument("--previous", default="HEAD~1",
-                    help="git revision of the staged path to compare with (default HEAD~1)")
+    # The last revision whose connector read SSD hits into DRAM slots first.
+    ap.add_argument("--previous", default="9851687",
+                    help="git revision of the staged path to compare with (default 9851687, "
+                    "the last one with it; 'none' skips it)")
     ap.add_argument("--child", default=None, help=argparse_hidden())
     args = ap.parse_args()
     if args.child is not None:
@@ -224,7 +226,8 @@ def main() -> None:
                              "ssd_dirs": dirs[d]},
                    "work": [{"tag": "write", "prompt": p}
                             for p in [prompt, *share_prompts.values()]]})
-        previous = build_previous(args.previous, tmp / "prev")
+        previous = None if args.previous == "none" else build_previous(args.previous,
+                                                                           tmp / "prev")
         # 1. TTFT: cold, DRAM, SSD direct, SSD staged (previous version).
         configs = {"cold": None,
                    "dram": {**base, "dram_bytes": 4 * n * slot, "ssd_dirs": [], "ssd_bytes": 0},

@@ -224,6 +224,15 @@ NB_MODULE(_native, m) {
           },
           "keys"_a, "tier_mask"_a)
       .def(
+          "path_to",
+          [](const RadixCore& c, OneKey key) {
+            std::vector<uint8_t> out;
+            if (!c.path_to(key.data(), &out)) throw std::invalid_argument("path_to: unknown block");
+            size_t n = out.size() / kKeyBytes;
+            return to_numpy(std::move(out), {n, kKeyBytes});
+          },
+          "key"_a)
+      .def(
           "ckpt_slot_of",
           [](const RadixCore& c, OneKey key, int tier) { return c.ckpt_slot_of(key.data(), tier); },
           "key"_a, "tier"_a)

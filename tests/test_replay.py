@@ -137,11 +137,24 @@ def test_hybrid_hits_end_at_checkpointed_boundaries(weka):
 
 
 def test_hybrid_state_counts_against_dram(weka):
+    """Without an SSD (which could make up for a small DRAM), a smaller DRAM
+    evicts more and hits less: states take DRAM room like blocks do."""
     hybrid = get_preset("qwen3.5-9b")
-    small = run_policy(weka, make_setup("E2", hybrid, dram_bytes=8e9), ARRIVALS)
-    large = run_policy(weka, make_setup("E2", hybrid, dram_bytes=512e9), ARRIVALS)
+    small = run_policy(weka, make_setup("E2", hybrid, dram_bytes=8e9, ssd_bytes=0), ARRIVALS)
+    large = run_policy(weka, make_setup("E2", hybrid, dram_bytes=512e9, ssd_bytes=0), ARRIVALS)
     assert small["dram_evictions"] > large["dram_evictions"]
     assert small["hit_ratio_tokens"] <= large["hit_ratio_tokens"]
+
+
+def test_hybrid_ssd_hits_end_at_persisted_checkpoints(weka):
+    """Session-level admission (E2): a context that proved reuse beyond one
+    DRAM residency reaches the SSD with its latest checkpoint, so the SSD
+    serves hybrid hits -- KV and state -- where DRAM cannot keep them."""
+    hybrid = get_preset("qwen3.5-9b/h100-gen5-1ssd")
+    rep = run_policy(weka, make_setup("E2", hybrid, dram_bytes=16e9), ARRIVALS)
+    dram_only = run_policy(weka, make_setup("dram-only", hybrid, dram_bytes=16e9), ARRIVALS)
+    assert rep["ssd_hit_ratio_tokens"] > 0 and rep["state_bytes_read_ssd"] > 0
+    assert rep["ttft_mean_s"] < dram_only["ttft_mean_s"]
 
 
 SARIA_CLI = shutil.which("saria")

@@ -152,6 +152,17 @@ uint32_t RadixCore::path_slots(const uint8_t* keys, size_t n, uint8_t tier_mask,
   return m;
 }
 
+bool RadixCore::path_to(const uint8_t* key, std::vector<uint8_t>* out) const {
+  uint32_t idx = find_key(load_key(key));
+  if (idx == kNil) return false;
+  std::vector<uint32_t> chain;
+  for (uint32_t i = idx; i != kRoot; i = nodes_[i].parent) chain.push_back(i);
+  out->resize(chain.size() * kKeyBytes);
+  for (size_t j = 0; j < chain.size(); ++j)
+    std::memcpy(out->data() + j * kKeyBytes, nodes_[chain[chain.size() - 1 - j]].key.w, kKeyBytes);
+  return true;
+}
+
 uint32_t RadixCore::ckpt_slot_of(const uint8_t* key, int tier) const {
   check_tier(tier);
   uint32_t idx = find_key(load_key(key));

@@ -140,6 +140,9 @@ class RadixCore {
   // no tier of the mask holds it. Returns how many blocks are known.
   uint32_t path_slots(const uint8_t* keys, size_t n, uint8_t tier_mask, uint32_t* slots,
                       int8_t* tiers) const;
+  // The keys of the path from the root to block `key` (block 0 first),
+  // appended to `out` (32 bytes each); false if the block is unknown.
+  bool path_to(const uint8_t* key, std::vector<uint8_t>* out) const;
   // Slot of the checkpoint after block `key` in `tier`, or kNil.
   uint32_t ckpt_slot_of(const uint8_t* key, int tier) const;
 

@@ -92,6 +92,7 @@ class CacheManager:
         from cache, and lets admission persist its DRAM residents early.
         Returns the number of known blocks touched."""
         known = self.index.touch(keys, hits=hits, checkpoint_at=checkpoint_at)
+        self.admission.tick(self.now())
         if self.ssd_on and known:
             self._admit_accessed(keys[:known])
         return known
@@ -364,7 +365,8 @@ class CacheManager:
             return
         want = self.admission.on_access(path[resident], h["reuse"][resident],
                                         h["hits"][resident], self.now(),
-                                        last_access=h["last_access"][resident], depth=resident)
+                                        last_access=h["last_access"][resident], depth=resident,
+                                        on_ssd=(masks[resident] & SSD.bit) != 0)
         self._persist_path(path, resident[want], masks, ckpt, pin=path)
 
     def _admit_created(self, spec: StoreSpec) -> None:
@@ -382,20 +384,52 @@ class CacheManager:
         """DRAM victims (their ``dram_evictions`` counts this eviction); a
         victim's DRAM checkpoint shares its block's decision."""
         want = self.admission.on_evict(ev.keys, ev.reuse, ev.hits, ev.dram_evictions, self.now(),
-                                       last_access=ev.last_access, depth=ev.depth)
+                                       last_access=ev.last_access, depth=ev.depth,
+                                       on_ssd=(ev.tiers_after & SSD.bit) != 0)
         blocks = want & ((ev.tiers_after & SSD.bit) == 0)
         if blocks.any():
             self._write_blocks(ev.keys[blocks], ev.slots[blocks])
         if self.hybrid:
-            ck = want & ((ev.checkpoints & DRAM.bit) != 0) & ((ev.checkpoints & SSD.bit) == 0)
-            for key in ev.keys[ck]:
-                self._write_state(key, self.index.checkpoint_slot(bytes(key), DRAM))
+            ck = ((ev.checkpoints & DRAM.bit) != 0) & ((ev.checkpoints & SSD.bit) == 0)
+            for i in np.flatnonzero(ck):
+                if want[i]:  # the checkpoint shares its block's decision
+                    self._write_state(ev.keys[i], self.index.checkpoint_slot(bytes(ev.keys[i]), DRAM))
+                else:
+                    self._admit_context(ev, i)
+
+    def _admit_context(self, ev, i: int) -> None:
+        """Session-level admission of a hybrid model's state: a checkpoint
+        leaving DRAM whose block admission refused is persisted when its
+        *context* (the path up to it) proved reuse -- the strongest history
+        along the path, this eviction counted -- together with every KV block
+        of the path not on the SSD yet, so an SSD hit ends at a usable
+        boundary. A path with a block cached nowhere could never use it."""
+        key = ev.keys[i]
+        path = self.index.path_to(bytes(key))
+        h = self.index.history(path)
+        masks = h["tiers"]
+        if not (masks[:-1] != 0).all():
+            return
+        evictions = max(int(ev.dram_evictions[i]), int(h["dram_evictions"][:-1].max(initial=0)) + 1)
+        now = self.now()
+        if not self.admission.on_context(int(h["reuse"].max()), int(h["hits"].max()), evictions,
+                                         now, last_access=float(ev.last_access[i]),
+                                         depth=path.shape[0] - 1):
+            return
+        pos = np.flatnonzero(((masks[:-1] & DRAM.bit) != 0) & ((masks[:-1] & SSD.bit) == 0))
+        keys, sources = path[pos], self.index.slots_in(path, DRAM)[0][pos]
+        if not ev.tiers_after[i] & SSD.bit:  # the victim itself: its slot is freed after this
+            keys, sources = np.concatenate([keys, key[None]]), np.append(sources, ev.slots[i])
+        written = self._write_blocks(keys, sources)
+        self.admission.charge(written.size, now)
+        self._write_state(key, self.index.checkpoint_slot(bytes(key), DRAM), decided=1)
 
     def _admit_superseded(self, path: np.ndarray, older: np.ndarray, ck: np.ndarray) -> None:
         h = self.index.history(path[: int(older[-1]) + 1])
         want = self.admission.on_evict(path[older], h["reuse"][older], h["hits"][older],
                                        h["dram_evictions"][older], self.now(),
-                                       last_access=h["last_access"][older], depth=older)
+                                       last_access=h["last_access"][older], depth=older,
+                                       on_ssd=(ck[older] & SSD.bit) != 0)
         for p in older[want & ((ck[older] & SSD.bit) == 0)]:
             if self._write_state(path[p], self.index.checkpoint_slot(bytes(path[p]), DRAM),
                                  decided=1):

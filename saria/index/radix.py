@@ -156,6 +156,12 @@ class RadixIndex:
             slots, which = self._core.path_slots(arr, mask)
         return slots.astype(np.int64), which
 
+    def path_to(self, key: bytes) -> np.ndarray:
+        """The keys of the prefix ending at block `key`, block 0 first
+        (``(depth + 1, 32)`` uint8). Raises ValueError for an unknown block."""
+        with self._lock:
+            return self._core.path_to(_one_key(key))
+
     def checkpoint_slot(self, key: bytes, tier: Tier | int | str) -> int | None:
         """Slot of the checkpoint after block `key` in `tier`, or None."""
         t = Tier.parse(tier)

@@ -43,15 +43,17 @@ class AdmissionPolicy:
         return np.zeros(keys.shape[0], dtype=bool)
 
     def on_access(self, keys: np.ndarray, reuse: np.ndarray, hits: np.ndarray,
-                  now: float, *, last_access=None, depth=None) -> np.ndarray:
+                  now: float, *, last_access=None, depth=None, on_ssd=None) -> np.ndarray:
         """Mask over DRAM-resident blocks a request just referenced (history
         already counts this access) to write to SSD early. `last_access` and
-        `depth` (block position in its prefix), when given, are history too."""
+        `depth` (block position in its prefix), when given, are history too;
+        `on_ssd` marks blocks already persisted (the caller will not write
+        them, whatever the mask says)."""
         return np.zeros(keys.shape[0], dtype=bool)
 
     def on_evict(self, keys: np.ndarray, reuse: np.ndarray, hits: np.ndarray,
                  dram_evictions: np.ndarray, now: float, *, last_access=None,
-                 depth=None) -> np.ndarray:
+                 depth=None, on_ssd=None) -> np.ndarray:
         """Mask over DRAM victims (dram_evictions counts this eviction) to
         write to SSD before their DRAM slot is reused."""
         return np.zeros(keys.shape[0], dtype=bool)
@@ -59,6 +61,19 @@ class AdmissionPolicy:
     def charge(self, units: float, now: float) -> None:
         """Units written on the strength of another decision (a checkpoint
         shares its block's): a budgeted policy counts them."""
+
+    def tick(self, now: float) -> None:
+        """Called at every request (a budgeted policy accrues from the first)."""
+
+    def on_context(self, reuse: int, hits: int, dram_evictions: int, now: float, *,
+                   last_access=None, depth: int = 0) -> bool:
+        """Session-level admission (hybrid models): would this policy persist a
+        context whose strongest evidence along its path is this history
+        (``dram_evictions`` counts the eviction under way)? Then the core
+        persists the context's latest state checkpoint with every KV block a
+        reuse of that boundary needs. No for policies that are not
+        history-gated."""
+        return False
 
     def __repr__(self) -> str:
         return f"<admission {self.name}>"
@@ -131,6 +146,12 @@ class Saria(AdmissionPolicy):
             return np.zeros(keys.shape[0], dtype=bool)
         return dram_evictions >= self.t.evictions
 
+    def on_context(self, reuse, hits, dram_evictions, now, **history):
+        """E: the context was evicted and came back E-1 times before; R: it
+        was reused R times. The same gates as for a block, on the context."""
+        return ((self.t.evictions is not None and dram_evictions >= self.t.evictions)
+                or (self.t.reuse is not None and reuse >= self.t.reuse))
+
 
 class HiCacheSelective(AdmissionPolicy):
     """SGLang HiCache's ``write_through_selective``: back a block up once its
@@ -143,6 +164,9 @@ class HiCacheSelective(AdmissionPolicy):
         self.threshold = threshold
 
     def on_access(self, keys, reuse, hits, now, **history):
+        return hits >= self.threshold
+
+    def on_context(self, reuse, hits, dram_evictions, now, **history):
         return hits >= self.threshold
 
 
@@ -182,6 +206,11 @@ class KvbmFrequencyFilter(AdmissionPolicy):
 
     def on_create(self, keys, now):
         return self._sight(keys, now)
+
+    # on_context: not applied. The filter counts sightings of one block key at
+    # offload time in a table of its own; it has no notion of a context, and
+    # asking it about one would count a sighting that did not happen. Its
+    # checkpoints follow their block's decision.
 
     def on_access(self, keys, reuse, hits, now, **history):
         return self._sight(keys, now)

@@ -45,7 +45,7 @@ class BudgetAdmission(AdmissionPolicy):
     writes_nothing = False
 
     def __init__(self, fraction: float = 1.0, *, dwpd: float = 1.0, half_life_s: float = 600.0,
-                 burst_s: float = 3600.0, gain: float = 0.5) -> None:
+                 burst_s: float = 3600.0, gain: float = 1.0, adapt_s: float = 600.0) -> None:
         if not 0 < fraction <= 10:
             raise ConfigError("admission", f"budget fraction must be in (0, 10], got {fraction}")
         if not dwpd > 0:
@@ -55,6 +55,7 @@ class BudgetAdmission(AdmissionPolicy):
         self.half_life_s = float(half_life_s)
         self.burst_s = float(burst_s)
         self.gain = float(gain)
+        self.adapt_s = float(adapt_s)
         self.name = "budget" if fraction == 1.0 else f"budget:{fraction:g}"
         self.rate = 0.0           # units per second (set by bind)
         self.state_units = 0
@@ -63,6 +64,7 @@ class BudgetAdmission(AdmissionPolicy):
         self.spent = 0.0          # units admitted since the start
         self._t0: float | None = None
         self._t: float | None = None
+        self._adapted: float | None = None  # the threshold's last update
 
     # ---------------------------------------------------------------- set-up
 
@@ -73,13 +75,23 @@ class BudgetAdmission(AdmissionPolicy):
 
     # ----------------------------------------------------------- decisions
 
-    def on_evict(self, keys, reuse, hits, dram_evictions, now, *, last_access=None, depth=None):
+    def on_evict(self, keys, reuse, hits, dram_evictions, now, *, last_access=None, depth=None,
+                 on_ssd=None):
         value = self._value(reuse, dram_evictions, now, last_access, depth)
-        return self._spend(value, now, surplus_only=False)
+        return self._spend(value, now, surplus_only=False, skip=on_ssd)
 
-    def on_access(self, keys, reuse, hits, now, *, last_access=None, depth=None):
+    def on_access(self, keys, reuse, hits, now, *, last_access=None, depth=None, on_ssd=None):
         value = self._value(reuse, np.zeros_like(reuse), now, last_access, depth)
-        return self._spend(value, now, surplus_only=True)
+        return self._spend(value, now, surplus_only=True, skip=on_ssd)
+
+    def on_context(self, reuse, hits, dram_evictions, now, *, last_access=None, depth=0):
+        value = self._value(np.array([reuse]), np.array([dram_evictions]), now,
+                            None if last_access is None else np.array([last_access]),
+                            np.array([depth]))
+        return bool(self._spend(value, now, surplus_only=False)[0])
+
+    def tick(self, now: float) -> None:
+        self._accrue(now)
 
     def charge(self, units: float, now: float) -> None:
         """Bytes written on another decision's strength (a checkpoint that
@@ -109,18 +121,23 @@ class BudgetAdmission(AdmissionPolicy):
             v = v / (1.0 + idle / self.half_life_s)
         return v
 
-    def _accrue(self, now: float) -> None:
+    def _accrue(self, now: float) -> float:
+        """Adds the budget earned since the last call; returns the seconds."""
         if self._t is None:
             self._t0 = self._t = now
-            return
+            return 0.0
         dt = max(now - self._t, 0.0)
         self._t = max(now, self._t)
         self.tokens = min(self.tokens + dt * self.rate, self.rate * DAY)
+        return dt
 
-    def _spend(self, value: np.ndarray, now: float, surplus_only: bool) -> np.ndarray:
+    def _spend(self, value: np.ndarray, now: float, surplus_only: bool,
+               skip: np.ndarray | None = None) -> np.ndarray:
         """Admits the most valuable candidates the threshold and the bucket
-        allow, one unit each."""
+        allow, one unit each; `skip` (already persisted) costs nothing."""
         self._accrue(now)
+        dt = 0.0 if self._adapted is None else max(now - self._adapted, 0.0)
+        self._adapted = now if self._adapted is None else max(now, self._adapted)
         out = np.zeros(value.shape[0], dtype=bool)
         if self.rate <= 0 or value.shape[0] == 0:
             return out
@@ -128,15 +145,19 @@ class BudgetAdmission(AdmissionPolicy):
         # A burst may run up a debt of `burst_s` of budget; early writes spend
         # only what is above half of that in hand.
         floor = 0.5 * hour if surplus_only else -hour
-        for i in np.argsort(-value, kind="stable"):  # the most valuable first
+        order = np.argsort(-value, kind="stable")  # the most valuable first
+        if skip is not None:
+            order = order[~np.asarray(skip, bool)[order]]
+        for i in order:
             if value[i] < self.threshold or self.tokens - 1 < floor:
                 break
             out[i] = True
             self.tokens -= 1
             self.spent += 1
-        # Adapt: a bucket above its target (half an hour of budget) lowers the
-        # bar, one in debt raises it.
-        target = 0.5 * hour
-        error = (self.tokens - target) / max(hour, 1e-9)
-        self.threshold = min(max(self.threshold * math.exp(-self.gain * error), 1e-3), 1e6)
+        # Adapt, at a pace set by time (not by how often we are asked): a
+        # bucket above its target (half of `burst_s` of budget) lowers the
+        # bar, one below it raises it.
+        error = (self.tokens - 0.5 * hour) / max(hour, 1e-9)
+        step = self.gain * max(min(error, 4.0), -4.0) * dt / self.adapt_s
+        self.threshold = min(max(self.threshold * math.exp(-step), 1e-3), 1e6)
         return out

@@ -72,6 +72,7 @@ class ReplayStats:
     requests: int = 0
     input_tokens: int = 0
     hit_tokens: dict = field(default_factory=lambda: {"GPU": 0, "DRAM": 0, "SSD": 0})
+    state_bytes_read: dict = field(default_factory=lambda: {"DRAM": 0, "SSD": 0})  # hybrid checkpoints
     ssd_bytes_written: np.ndarray | None = None  # per drive (KV and checkpoints)
     ssd_bytes_read: np.ndarray | None = None     # per drive
     baseline_hit_blocks: int = 0   # what a tier-by-tier lookup would have hit
@@ -244,8 +245,10 @@ class Replay:
         dram_bytes, ssd_bytes = n_dram * self.block_bytes, n_ssd * self.block_bytes
         if ckpt_tier == DRAM:
             dram_bytes += self.state_bytes
+            st.state_bytes_read["DRAM"] += self.state_bytes
         elif ckpt_tier == SSD:
             ssd_bytes += self.state_bytes
+            st.state_bytes_read["SSD"] += self.state_bytes
             st.ssd_bytes_read[self._drive(keys[hit - 1:hit])[0]] += self.state_bytes
         load = reload_time(dram_bytes, ssd_bytes, self.link, self.setup.coordinator)
         # The reload is issued when the request is next in line for the GPU

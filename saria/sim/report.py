@@ -41,6 +41,8 @@ def policy_report(replay: Replay) -> dict:
         "duration_s": duration,
         "ssd_bytes_written": int(written.sum()),
         "ssd_bytes_read": int(read.sum()),
+        "state_bytes_read_dram": st.state_bytes_read["DRAM"],
+        "state_bytes_read_ssd": st.state_bytes_read["SSD"],
         "ssd_bytes_written_per_drive": [int(x) for x in written],
         "ssd_bytes_read_per_drive": [int(x) for x in read],
         "ssd_write_rate_Bps": rate,
