@@ -122,3 +122,41 @@ def _keys(s, tokens):
 
     n = (len(tokens) - 1) // BS
     return keys_to_array(s.hasher.hasher.block_keys(tokens[: n * BS]))
+
+
+def test_budget_admission_in_the_engine(model, tmp_path):
+    """``admission: budget`` in the engine: DRAM victims go to the SSD while
+    the bucket can pay, a later request reads them back with the same output,
+    and the metrics endpoint shows the budget in use (rate, spend, level)."""
+    import re
+    import socket
+    import urllib.request
+
+    prompts = [[random.Random(100 + s).randrange(3, 500) for _ in range(10 * BS + 1)]
+               for s in range(4)]
+    with engine(model) as llm:
+        wants = [generate(llm, p)[0] for p in prompts]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    extra = {"dram_bytes": 24 * SLOT, "ssd_dirs": [str(tmp_path / "ssd")],
+             # 2,000 DWPD: a day of a 256-block drive's budget in seconds (6 blocks/s)
+             "ssd_bytes": 256 * SLOT, "admission": "budget", "dwpd": 2000, "promotion": "none",
+             "metrics_port": port}
+    with engine(model, extra) as llm:
+        for p, w in zip(prompts, wants):  # 40 blocks through 24 DRAM slots
+            expect(generate(llm, p), w, 0)
+        s = scheduler_connector(llm)._scheduler
+        s.cache.flush()
+        written = s.cache.stats.ssd_write_blocks
+        assert written >= 10                 # the first prompt's blocks, at least
+        expect(generate(llm, prompts[0]), wants[0], 10 * BS)
+        assert s.cache.stats.hit_blocks["SSD"] >= 1
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        units = s.cache.backend.capacity(Tier.SSD)
+    got = {m.group(1): float(m.group(2)) for m in
+           re.finditer(r"^saria_(\w+?)(?:_total)? ([0-9.e+-]+)$", text, re.M)}
+    assert got["admission_budget_units_per_s"] == pytest.approx(units * 2000 / 86400)
+    assert got["admission_spent_units"] >= written
+    assert got["admission_budget_used"] > 0
+    assert 0 <= got["admission_level"] <= 1

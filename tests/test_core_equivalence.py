@@ -33,9 +33,11 @@ def run_both(arrivals, policy, preset, *, promotion, dram_blocks, ssd_blocks, tr
     """The simulated and the real replay of one stream; both kept for comparison."""
     block = preset.block_size * preset.model.kv_bytes_per_token
 
+    age = "auto" if promotion.endswith("-auto") else 30.0  # learned from return gaps, or fixed
+
     def setup():
-        return make_setup(policy, preset, read_path=ReadPath(promotion=promotion, r=0.5,
-                                                             min_victim_age_s=30.0),
+        return make_setup(policy, preset, read_path=ReadPath(promotion=promotion.split("-")[0],
+                                                             r=0.5, min_victim_age_s=age),
                           dram_bytes=dram_blocks * block, ssd_bytes=ssd_blocks * block,
                           trace_block_size=trace_block_size)
 
@@ -82,7 +84,7 @@ def _by_key(keys: np.ndarray) -> np.ndarray:
     return np.lexsort(keys.T[::-1])
 
 
-ALL_POLICIES = list(POLICIES)
+ALL_POLICIES = [*POLICIES, "budget", "budget:0.25"]
 PRESET = get_preset("qwen3-8b/h100-gen5-1ssd").with_(gpu_cache_bytes=0)
 
 
@@ -115,7 +117,7 @@ def hybrid_stream():
 # trace -> (stream, preset, DRAM blocks, SSD blocks, trace block size, promotions). The
 # capacities make every trace evict from DRAM and from the SSD and read from both.
 TRACES = {
-    "weka": (weka_stream, PRESET, 120, 400, 64, ("none", "lazy")),
+    "weka": (weka_stream, PRESET, 120, 400, 64, ("none", "lazy", "lazy-auto")),
     "mooncake": (mooncake_stream, PRESET.with_(block_size=128), 100, 2000, 512, ("none", "full")),
     "bailian": (bailian_stream, PRESET.with_(block_size=16), 24, 40, 16, ("none", "lazy")),
     "hybrid": (hybrid_stream, get_preset("qwen3.5-9b/h100-gen5-2ssd").with_(gpu_cache_bytes=0),
@@ -149,7 +151,7 @@ def test_real_tiers_decide_as_the_simulation(streams, trace, promotion, policy, 
 
 @settings(max_examples=25, deadline=None)
 @given(data=st.data(), policy=st.sampled_from(ALL_POLICIES),
-       promotion=st.sampled_from(["none", "full", "lazy"]),
+       promotion=st.sampled_from(["none", "full", "lazy", "lazy-auto"]),
        dram=st.integers(3, 30), ssd=st.integers(0, 40))
 def test_generated_streams(tmp_path_factory, data, policy, promotion, dram, ssd):
     """Random sessions over a small tree of shared prefixes, random times."""

@@ -73,6 +73,29 @@ def test_admission_sees_every_dram_resident_a_request_touches():
     assert rec.seen["access"] == [{bytes(k) for k in a}]
 
 
+def test_admission_hears_of_returns_to_blocks_that_left_dram():
+    """A request that comes back to evicted blocks reports them, with their
+    eviction counts, whether the SSD kept them or not; blocks still in DRAM
+    are not returns after an eviction."""
+
+    class Returns(Recorder):
+        wants_returns = True
+        wants_evicted_returns = True
+
+        def on_returns(self, dram_evictions, now):
+            self.returned = getattr(self, "returned", []) + [dram_evictions.tolist()]
+
+    rec = Returns()
+    c = core(rec, dram=4)
+    a, b = chain(1, 4), chain(2, 4)
+    store(c, a)
+    c.touch(a, hits=0)
+    assert not hasattr(rec, "returned")       # a is in DRAM: no return after eviction
+    store(c, b)                               # a leaves DRAM (nothing written: the recorder refuses)
+    c.touch(a, hits=0)
+    assert rec.returned == [[1, 1, 1, 1]]
+
+
 def test_write_back_writes_victims_once_and_frees_their_slots():
     c = core("write-back", dram=4)
     a, b = chain(1, 4), chain(2, 4)

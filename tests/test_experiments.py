@@ -57,6 +57,13 @@ SCRIPTS = {
         2 * 11 * 2,  # models x policies x windows (quick)
         ("endurance.png",),
     ),
+    "08_budget_headline": (
+        "headline.csv",
+        {"config", "model", "policy", "ssd_bytes_written", "write_budget_fraction",
+         "writes_vs_full_duplicate_pct", "ttft_mean_vs_dram_only_pct", "ttft_mean_s"},
+        4 + 5,  # the default slice's quick frontier (4 headline policies) + hybrid 16 GB x 5
+        ("frontier.png", "headline.png"),
+    ),
 }
 
 

@@ -45,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="auto", choices=FORMATS, help="trace format")
     p.add_argument("--policy", action="append", default=None, metavar="NAME",
                    help="admission policy (repeatable): dram-only, full-duplicate, write-back, "
-                   "saria, E2, E3, E5, R2, R4, E2+R2, hicache-selective, kvbm-filter; "
+                   "saria, E2, E3, E5, R2, R4, E2+R2, hicache-selective, kvbm-filter, budget, "
+                   "budget:<fraction> (of the preset's DWPD rating); "
                    f"default: {', '.join(DEFAULT_POLICIES)}")
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"MODEL/HARDWARE (default {DEFAULT_PRESET})")
     p.add_argument("--dram", default=None, metavar="SIZE", help="DRAM pool (e.g. 256GB, unlimited, 0)")
@@ -263,6 +264,12 @@ def _num(x: float) -> float | None:
 _ROWS = (
     ("SSD written", lambda r: format_size(r["ssd_bytes_written"])),
     ("SSD read", lambda r: format_size(r["ssd_bytes_read"])),
+    ("SSD writes never read", lambda r: "-" if r["ssd_writes_never_read_fraction"] is None
+     else f"{100 * r['ssd_writes_never_read_fraction']:.1f}%"),
+    ("state read (hybrid)", lambda r: "-" if not (r["state_bytes_read_dram"]
+                                                  or r["state_bytes_read_ssd"])
+     else f"{format_size(r['state_bytes_read_dram'])} DRAM, "
+     f"{format_size(r['state_bytes_read_ssd'])} SSD"),
     ("hit ratio (tokens)", lambda r: f"{r['hit_ratio_tokens']:.3f}"),
     ("  from GPU", lambda r: f"{r['gpu_hit_ratio_tokens']:.3f}"),
     ("  from DRAM", lambda r: f"{r['dram_hit_ratio_tokens']:.3f}"),

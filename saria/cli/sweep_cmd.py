@@ -31,7 +31,7 @@ from saria.transfer import COORDINATOR_MODES
 from saria.units import parse_size
 
 SWEEP_POLICIES = ("dram-only", "full-duplicate", "write-back", "E2", "E3", "E5", "R2", "R4",
-                  "E2+R2", "hicache-selective", "kvbm-filter", "saria")
+                  "E2+R2", "hicache-selective", "kvbm-filter", "saria", "budget")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -12,10 +12,12 @@ ssd_dirs           list of directories, one per drive ([]: no SSD tier)
 ssd_bytes          SSD capacity per drive (0: no SSD tier)
 hash_seed          seed of the block-key chain ("vllm-none-hash", vLLM's)
 hash_algo          "sha256_cbor" (default) or "xxhash_cbor"
-admission          a ``saria replay`` policy name: saria, full-duplicate, ...
+admission          a ``saria replay`` policy name: saria, full-duplicate, ...,
+                   budget or budget:<fraction> (spends the drives' rating)
 promotion          none, full or lazy (lazy)
 promotion_r        lazy promotion's DRAM share (0.8)
-promotion_min_age_s  lazy promotion takes only DRAM slots idle this long (60)
+promotion_min_age_s  lazy promotion takes only DRAM slots idle this long: seconds,
+                   or "auto" (longer than 99% of the return gaps seen; default)
 write_queue        pending SSD write batches before writes are dropped (256)
 op_timeout_s       seconds before a copy no worker acked counts as failed (300)
 coordinator        how a worker runs a load's DRAM copies and SSD reads: serial,
@@ -65,7 +67,7 @@ class ConnectorConfig:
     admission: str = "saria"
     promotion: str = "lazy"
     promotion_r: float = 0.8
-    promotion_min_age_s: float = 60.0
+    promotion_min_age_s: float | str = "auto"
     write_queue: int = 256
     op_timeout_s: float = 300.0
     coordinator: str = "paced"
@@ -139,9 +141,11 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
             raise ConfigError(key, str(e).split(": ", 1)[-1]) from None
         except (ValueError, KeyError) as e:
             raise ConfigError(key, str(e).strip("'\"")) from None
-    age = raw.get("promotion_min_age_s", 60.0)
-    if isinstance(age, bool) or not isinstance(age, (int, float)) or not age >= 0:
-        raise ConfigError("promotion_min_age_s", f"must be a number of seconds >= 0, got {age!r}")
+    age = raw.get("promotion_min_age_s", "auto")
+    if age != "auto" and (isinstance(age, bool) or not isinstance(age, (int, float))
+                          or not age >= 0):
+        raise ConfigError("promotion_min_age_s",
+                          f"must be 'auto' or a number of seconds >= 0, got {age!r}")
     wq = raw.get("write_queue", 256)
     if isinstance(wq, bool) or not isinstance(wq, int) or wq < 1:
         raise ConfigError("write_queue", f"must be an integer >= 1, got {wq!r}")
@@ -170,7 +174,7 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
     return ConnectorConfig(
         dram_bytes=dram, ssd_dirs=tuple(os.path.abspath(d) for d in dirs), ssd_bytes=ssd,
         hash_seed=str(seed), hash_algo=algo, admission=admission, promotion=promotion,
-        promotion_r=float(r), promotion_min_age_s=float(age), write_queue=wq,
+        promotion_r=float(r), promotion_min_age_s=age if age == "auto" else float(age), write_queue=wq,
         op_timeout_s=float(timeout), coordinator=coordinator,
         ingress_bytes_per_s=None if ingress is None else float(ingress), events=events,
         metrics_port=port, dwpd=float(dwpd), extra=dict(extra or {}))

@@ -113,7 +113,7 @@ class SariaScheduler:
                 promotion_r=cfg.promotion_r, min_victim_age_s=cfg.promotion_min_age_s,
                 write_queue=cfg.write_queue, events=cfg.events,
                 shared_pool=pool_path(vllm_config), max_blocks=_max_blocks(cfg, geo),
-                staging_slots=staging,
+                staging_slots=staging, dwpd=cfg.dwpd,
                 pin=False))  # only the workers' mappings need page-locking (for DMA)
         except OSError as e:
             if e.errno == errno.EBUSY:  # another cache owns the drive: one line, the holder's pid

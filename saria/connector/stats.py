@@ -102,9 +102,12 @@ class Deltas:
 
 
 def gauges(sched) -> dict[str, float]:
-    """Occupancy of the cache's tiers, and the SSD write budget in use."""
+    """Occupancy of the cache's tiers, the SSD write budget in use, and the
+    admission's own figures (``budget``: ``admission_budget_used``,
+    ``admission_threshold``, ``admission_level`` ...)."""
     g = sched.cache.gauges()
     out = {"dram_used_slots": g["dram_used_slots"], "dram_slots": g["dram_slots"]}
+    out.update({k: v for k, v in g.items() if k.startswith("admission_")})
     if "ssd_slots" in g:
         out.update(ssd_free_slots=g["ssd_free_slots"], ssd_slots=g["ssd_slots"],
                    ssd_failed_drives=g["ssd_failed_drives"])

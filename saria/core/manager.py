@@ -51,6 +51,7 @@ from saria.core.events import CacheEvent, EventLog
 from saria.core.specs import CacheStats, LoadSpec, SsdWrite, StateSpec, StoreSpec
 from saria.index import NO_SLOT, RadixIndex, ReloadPlan, Tier
 from saria.policy import AdmissionPolicy, PromotionPolicy
+from saria.policy.returns import ReturnGaps
 
 GPU, DRAM, SSD = Tier.GPU, Tier.DRAM, Tier.SSD
 
@@ -73,7 +74,12 @@ class CacheManager:
         self._pending: set[bytes] = set()  # SSD writes in flight (asynchronous backends)
         self._written: list[tuple[np.ndarray, bool]] | None = [] if record_writes else None
         backend.bind(self.complete_ssd_write)
-        admission.bind(ssd_units=backend.capacity(SSD), state_units=backend.state_units)
+        #: how long blocks sat idle before requests came back (kept only for
+        #: policies that ask: the budget's value, promotion's learned cutoff)
+        self.returns = ReturnGaps()
+        self._observe = admission.wants_returns or promotion.wants_returns
+        admission.bind(ssd_units=backend.capacity(SSD), state_units=backend.state_units,
+                       returns=self.returns)
 
     # ------------------------------------------------------------- queries
 
@@ -91,6 +97,14 @@ class CacheManager:
         """Records that a request referenced `keys`, the first `hits` served
         from cache, and lets admission persist its DRAM residents early.
         Returns the number of known blocks touched."""
+        if self._observe:
+            h = self.index.history(keys)
+            if h["last_access"].shape[0]:
+                self.returns.observe(self.now() - h["last_access"], self.now())
+            if self.admission.wants_evicted_returns:  # back to blocks that left DRAM
+                gone = (h["dram_evictions"] > 0) & ((h["tiers"] & Tier.DRAM.bit) == 0)
+                if gone.any():
+                    self.admission.on_returns(h["dram_evictions"][gone], self.now())
         known = self.index.touch(keys, hits=hits, checkpoint_at=checkpoint_at)
         self.admission.tick(self.now())
         if self.ssd_on and known:
@@ -129,7 +143,8 @@ class CacheManager:
             failed = np.unique(np.asarray(failed, np.int64))
             served = int(failed[0])
             self._drop_failed(spec, failed)
-        from_ssd = int(np.count_nonzero(spec.tiers[spec.start:served] == SSD))
+        ssd_pos = spec.start + np.flatnonzero(spec.tiers[spec.start:served] == SSD)
+        from_ssd = int(ssd_pos.size)
         self.stats.hit_blocks["SSD"] += from_ssd
         self.stats.hit_blocks["DRAM"] += max(0, served - spec.start) - from_ssd
         return served
@@ -196,7 +211,7 @@ class CacheManager:
         known, masks = self._masks(keys)
         pick = pick[(masks[pick] & DRAM.bit) == 0]
         return self._allocate(keys[:known], keys, pick, masks,
-                              self.promotion.min_victim_age_s, 0, True)
+                              self.promotion.victim_age(self.returns), 0, True)
 
     def complete_store(self, spec: StoreSpec, *, success: bool = True,
                        direct_rows: np.ndarray | None = None) -> int:

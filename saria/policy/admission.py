@@ -33,10 +33,15 @@ class AdmissionPolicy:
     writes_nothing = True
     #: ``on_create`` may admit: blocks are written as they are created (write-through)
     writes_on_create = False
+    #: decisions use the core's record of return gaps (``ReturnGaps``)
+    wants_returns = False
+    #: the core reports evicted blocks a request comes back to (``on_returns``)
+    wants_evicted_returns = False
 
-    def bind(self, *, ssd_units: int, state_units: int = 0) -> None:
+    def bind(self, *, ssd_units: int, state_units: int = 0, returns=None) -> None:
         """Called once by the cache core: the SSD tier's capacity in units (a
-        block is one unit, a hybrid checkpoint ``state_units``)."""
+        block is one unit, a hybrid checkpoint ``state_units``) and its
+        record of return gaps (``saria.policy.returns.ReturnGaps``)."""
 
     def on_create(self, keys: np.ndarray, now: float) -> np.ndarray:
         """Mask over freshly computed blocks to write to SSD now."""
@@ -61,6 +66,17 @@ class AdmissionPolicy:
     def charge(self, units: float, now: float) -> None:
         """Units written on the strength of another decision (a checkpoint
         shares its block's): a budgeted policy counts them."""
+
+    def state(self, now: float | None = None) -> dict[str, float]:
+        """Figures for the engine's metrics (a budgeted policy: its rate,
+        threshold and budget use); none by default."""
+        return {}
+
+    def on_returns(self, dram_evictions: np.ndarray, now: float) -> None:
+        """A request came back to blocks that had left DRAM (each with its
+        DRAM-eviction count), whether the SSD held them or not: the
+        unbiased evidence of which victims come back. Only called when
+        ``wants_evicted_returns``."""
 
     def tick(self, now: float) -> None:
         """Called at every request (a budgeted policy accrues from the first)."""

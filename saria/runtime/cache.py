@@ -57,7 +57,7 @@ class CacheConfig:
     admission: str = "saria"
     promotion: str = "lazy"
     promotion_r: float | None = 0.8
-    min_victim_age_s: float = 60.0
+    min_victim_age_s: float | str = "auto"  # lazy promotion's cutoff (seconds or auto)
     max_blocks: int = 4_000_000
     write_mode: str = "async"
     write_queue: int = 256  # pending SSD write batches before writes are dropped
@@ -69,6 +69,7 @@ class CacheConfig:
     # DRAM slots set aside for blocks on their way straight to the SSD (a
     # copier's write-through of blocks DRAM does not keep); out of dram_bytes.
     staging_slots: int = 0
+    dwpd: float = 1.0  # the drives' rating, for the budget admission
 
     def __post_init__(self) -> None:
         if self.block_bytes <= 0:
@@ -108,7 +109,7 @@ class TieredCache:
     def __init__(self, config: CacheConfig, *, clock: Clock | None = None) -> None:
         self.cfg = config
         self._lock = threading.RLock()
-        admission = make_admission(config.admission)
+        admission = make_admission(config.admission, dwpd=config.dwpd)
         promotion = make_promotion(config.promotion, r=config.promotion_r,
                                    min_victim_age_s=config.min_victim_age_s)
         writes = not admission.writes_nothing
@@ -143,6 +144,8 @@ class TieredCache:
             out = self.backend.gauges()
             st = self.index.stats()
             out.update(index_blocks=st.nodes, index_ghosts=st.ghosts)
+            state = self.manager.admission.state(self.index.now())
+            out.update({f"admission_{k}": float(v) for k, v in state.items()})
             return out
 
     # ------------------------------------------------- the core's verbs

@@ -142,9 +142,10 @@ def real_cache_config(setup: ReplaySetup, policy: str, block_bytes: int,
         ssd_dirs=tuple(ssd_dirs) if per_drive else (),
         ssd_bytes=DATA_OFFSET + per_drive * slot_bytes_for(block_bytes) if per_drive else 0,
         admission=policy, promotion=promotion.kind, promotion_r=getattr(promotion, "r", None),
-        min_victim_age_s=promotion.min_victim_age_s or 0.0, write_mode="sync",
+        min_victim_age_s="auto" if promotion.wants_returns else (promotion.min_victim_age_s or 0.0),
+        write_mode="sync",
         max_blocks=setup.metadata_budget(), state_bytes=setup.state_units * block_bytes,
-        record_writes=True)
+        record_writes=True, dwpd=setup.preset.hardware.dwpd)
 
 
 def run_real(trace: Trace, policy: str, preset: Preset, arrivals: ArrivalModel, *,

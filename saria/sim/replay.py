@@ -32,7 +32,7 @@ class ReadPath:
     promotion: str = "none"
     coordinator: str = "overlap"
     r: float | None = None          # lazy promotion's DRAM share; None: from bandwidths
-    min_victim_age_s: float = 60.0  # lazy promotion's recency cutoff
+    min_victim_age_s: float | str = "auto"  # lazy promotion's recency cutoff
 
 
 SARIA_READ_PATH = ReadPath(lookup="unified", promotion="lazy", coordinator="paced")
@@ -49,7 +49,7 @@ def make_setup(policy: str, preset: Preset, *, read_path: ReadPath | None = None
     hw = preset.hardware
     promotion = make_promotion(rp.promotion, r=rp.r, dram_bw=min(hw.dram_copy_Bps, hw.link_Bps),
                                ssd_bw=hw.ssd_total_read_Bps, min_victim_age_s=rp.min_victim_age_s)
-    return ReplaySetup(preset=preset, admission=make_admission(policy), promotion=promotion,
+    return ReplaySetup(preset=preset, admission=make_admission(policy, dwpd=hw.dwpd), promotion=promotion,
                        coordinator=rp.coordinator, lookup=rp.lookup, dram_bytes=dram_bytes,
                        ssd_bytes=ssd_bytes, trace_block_size=trace_block_size,
                        keep_history=keep_history)
