@@ -78,3 +78,21 @@ def test_store_namespace_separates_what_pages_depend_on():
         assert other != ns
     assert set(KEYS) >= {"dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "admission",
                          "promotion", "hash_algo"}
+
+
+def test_a_cache_server_owns_the_tiers_and_policies():
+    """With ``server`` the engine sets no tier or policy of its own: each such
+    key is refused by name; a malformed address and timeout are refused too."""
+    cfg = parse_config({"server": "ipc:///tmp/x.sock", "engine_name": "gpu3",
+                        "server_timeout_s": 0.25})
+    assert cfg.server == "ipc:///tmp/x.sock" and cfg.engine_name == "gpu3"
+    assert cfg.server_timeout_s == 0.25 and not cfg.has_ssd
+    check_fits(cfg, 1 << 30, 16)  # the server checks sizes, not the engine
+    for key, value in (("dram_bytes", "1GB"), ("ssd_dirs", ["/tmp"]), ("admission", "E2"),
+                       ("dwpd", 3)):
+        with pytest.raises(ConfigError, match=f"^{key}: is the server's"):
+            parse_config({"server": "ipc:///tmp/x.sock", key: value})
+    with pytest.raises(ConfigError, match="^server: must be a ZMQ address"):
+        parse_config({"server": "localhost:5555"})
+    with pytest.raises(ConfigError, match="^server_timeout_s:"):
+        parse_config({"server": "ipc:///tmp/x.sock", "server_timeout_s": 0})

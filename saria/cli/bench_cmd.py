@@ -52,6 +52,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     add_io_parser(sub)
     add_reload_parser(sub)
+    sv = sub.add_parser("serve", help="saria serve: lookup round trip and a load test",
+                        description="Lookup round trip (8/128/1024 keys) to a saria serve "
+                        "process against the in-process call, then a load test of N client "
+                        "processes with the server's RSS and sessions sampled each second.")
+    sv.add_argument("--calls", type=int, default=2000, help="lookups per size (default 2000)")
+    sv.add_argument("--clients", type=int, default=4, help="load-test processes (default 4)")
+    sv.add_argument("--seconds", type=float, default=600.0,
+                    help="load-test duration (default 600; 0 skips it)")
+    sv.add_argument("--json", type=Path, default=None, metavar="PATH")
+    sv.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from saria.bench.serve_bench import load_test, lookup_rtt
+
+    if args.calls < 10:
+        raise ConfigError("--calls", f"must be at least 10, got {args.calls}")
+    if args.clients < 1 or args.seconds < 0:
+        raise ConfigError("--clients", "needs at least one client and seconds >= 0")
+    con = Console()
+    rows = lookup_rtt(args.calls)
+    t = Table(title="lookup round trip (µs)")
+    for col in ("keys", "path", "p50", "p99"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(str(r["keys"]), r["path"], f"{r['p50_us']:,.0f}", f"{r['p99_us']:,.0f}")
+    con.print(t)
+    out = {"lookup": rows}
+    if args.seconds > 0:
+        cols = (TextColumn("load test"), BarColumn(), TimeElapsedColumn())
+        with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("load", total=args.seconds)
+            res = load_test(args.clients, args.seconds,
+                            progress=lambda done, total: bar.update(task, completed=done))
+        out["load"] = res
+        t = Table(title=f"load test: {args.clients} clients, {args.seconds:g} s")
+        t.add_column("figure")
+        t.add_column("value", justify="right")
+        for k, v in res.items():
+            t.add_row(k, f"{v:,.1f}" if isinstance(v, float) else str(v))
+        con.print(t)
+    if args.json:
+        args.json.write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    return 0
 
 
 def run_index(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ _COMMANDS = (
     "saria.cli.endurance_cmd",
     "saria.cli.traces_cmd",
     "saria.cli.bench_cmd",
+    "saria.cli.serve_cmd",
 )
 
 

@@ -28,6 +28,12 @@ events             keep KV events for ``take_events`` (true)
 metrics_port       serve Prometheus metrics on this port (none)
 dwpd               the drives' rated drive writes per day, for the budget (1)
 config_file        a JSON file holding any of these keys (inline keys win)
+server             the address of a ``saria serve`` (``ipc://...``, ``tcp://...``):
+                   the node's shared cache; DRAM, SSD and policies are then the
+                   server's, and dram_bytes / ssd_* / admission / promotion /
+                   dwpd must not be set here (none: an in-process cache)
+server_timeout_s   deadline of each call to the server; a miss past it (1.0)
+engine_name        this engine's name in the server's figures ("vllm")
 =================  ==========================================================
 
 Keys for the same engine's SSD files: the store's files live under
@@ -54,7 +60,11 @@ from saria.units import parse_size
 
 KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admission",
         "promotion", "promotion_r", "promotion_min_age_s", "write_queue", "op_timeout_s", "coordinator",
-        "ingress_bytes_per_s", "events", "metrics_port", "dwpd", "config_file")
+        "ingress_bytes_per_s", "events", "metrics_port", "dwpd", "config_file", "server",
+        "server_timeout_s", "engine_name")
+# the server's settings: an engine that uses a server cannot also set them
+SERVER_OWNED = ("dram_bytes", "ssd_dirs", "ssd_bytes", "admission", "promotion", "promotion_r",
+                "promotion_min_age_s", "write_queue", "dwpd")
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,9 @@ class ConnectorConfig:
     events: bool = True
     metrics_port: int | None = None
     dwpd: float = 1.0
+    server: str | None = None
+    server_timeout_s: float = 1.0
+    engine_name: str = "vllm"
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -100,6 +113,23 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
     if unknown:
         raise ConfigError(unknown[0], f"unknown key in kv_connector_extra_config "
                           f"(known: {', '.join(KEYS)})")
+    server = raw.get("server")
+    if server is not None:
+        if not isinstance(server, str) or "://" not in server:
+            raise ConfigError("server", f"must be a ZMQ address such as 'ipc:///run/saria.sock', "
+                              f"got {server!r}")
+        owned = [k for k in SERVER_OWNED if k in raw]
+        if owned:
+            raise ConfigError(owned[0], "is the server's setting (saria serve --...); do not set "
+                              "it beside 'server'")
+        raw["dram_bytes"] = 1  # the server's pool; checked by nothing here
+    stimeout = raw.get("server_timeout_s", 1.0)
+    if isinstance(stimeout, bool) or not isinstance(stimeout, (int, float)) or not stimeout > 0:
+        raise ConfigError("server_timeout_s", f"must be a positive number of seconds, got "
+                          f"{stimeout!r}")
+    name = raw.get("engine_name", "vllm")
+    if not isinstance(name, str) or not name:
+        raise ConfigError("engine_name", f"must be a non-empty string, got {name!r}")
     if "dram_bytes" not in raw:
         raise ConfigError("dram_bytes", "is required (size of saria's DRAM pool, e.g. '8GB')")
     dram = _size(raw, "dram_bytes")
@@ -177,7 +207,8 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
         promotion_r=float(r), promotion_min_age_s=age if age == "auto" else float(age), write_queue=wq,
         op_timeout_s=float(timeout), coordinator=coordinator,
         ingress_bytes_per_s=None if ingress is None else float(ingress), events=events,
-        metrics_port=port, dwpd=float(dwpd), extra=dict(extra or {}))
+        metrics_port=port, dwpd=float(dwpd), server=server, server_timeout_s=float(stimeout),
+        engine_name=name, extra=dict(extra or {}))
 
 
 def _size(raw: dict, key: str) -> int:
@@ -228,6 +259,8 @@ def _check_dir(d: str, ssd_bytes: int) -> None:
 def check_fits(cfg: ConnectorConfig, slot_bytes: int, block_size: int) -> None:
     """Sizes against the model's block: a tier must hold at least one block."""
     what = f"one {block_size}-token block of this model ({slot_bytes:,} B, all layers)"
+    if cfg.server is not None:
+        return  # the server's tiers: it checks them at hello
     if cfg.dram_bytes < slot_bytes:
         raise ConfigError("dram_bytes", f"{cfg.dram_bytes:,} B cannot hold {what}")
     if cfg.ssd_dirs and 0 < cfg.ssd_bytes < slot_bytes + 4096:

@@ -72,6 +72,8 @@ class SariaMetadata(KVConnectorMetadata):
     preempted: list[str] = field(default_factory=list)
     # identity of the shared pool the scheduler mapped (device, inode)
     pool_id: tuple[int, int] | None = None
+    # with a cache server: the pool file and SSD store directories to map
+    server_pool: tuple[str, tuple[str, ...]] | None = None
 
 
 @dataclass

@@ -56,9 +56,9 @@ from saria.connector.meta import Medium, SariaMetadata, SariaWorkerMetadata, Tra
 from saria.connector.ops import OpTracker
 from saria.connector.request_keys import KeyChain, RequestHasher
 from saria.connector.stats import Deltas, cumulative
-from saria.core import LoadSpec, StoreSpec
+from saria.core import LoadSpec
 from saria.policy import make_admission
-from saria.errors import ConfigError
+from saria.errors import ConfigError, SariaError
 from saria.index import Tier
 from saria.keys.hashing import BlockHasher
 from saria.runtime import CacheConfig, TieredCache
@@ -99,6 +99,50 @@ class SariaScheduler:
         self.cfg = cfg
         self.geo = geo
         self.block_size = geo.block_size
+        if cfg.server is not None:  # the node's shared cache (saria serve)
+            from saria.connector.remote import ServerCache
+
+            try:
+                self.cache = ServerCache(cfg, geo, vllm_config)
+            except SariaError as e:
+                raise ConfigError("server", f"{cfg.server}: {e}") from None
+            self.pool_id = None
+            dirs = self.cache.ssd_dirs
+        else:
+            dirs = self._local_cache(cfg, vllm_config, geo)
+        self.hasher = RequestHasher(BlockHasher(self.block_size, cfg.hash_algo, cfg.hash_seed),
+                                    vllm_config, kv_cache_config)
+        self.ops = OpTracker(geo.tp_size, cfg.op_timeout_s)
+        self.reqs: dict[str, _Req] = {}
+        self._draining: dict[str, _Req] = {}     # finished, direct writes still to copy
+        self._finishing: dict[str, _Req] = {}    # finished before their load was reported
+        self._loads: list[Transfer] = []
+        self._late_stores: list[Transfer] = []   # promotions of requests that finished
+        self._delayed: list[str] = []
+        self._tokens_of: dict[bytes, tuple[tuple[int, ...], object]] = {}
+        self.counters = {"hit_tokens": 0, "query_tokens": 0,
+                         "load_ops": 0, "store_ops": 0, "promotion_ops": 0, "direct_ops": 0,
+                         "direct_dropped": 0,
+                         "store_failures": 0, "load_failures": 0, "expired_ops": 0,
+                         "delayed_frees": 0}
+        self.started = time.monotonic()
+        self.metrics_server = None
+        self._deltas = Deltas()
+        gauges = self.cache.gauges()
+        if cfg.server is not None:
+            log.info("saria scheduler: block %d tokens, slot %d B, cache server %s (namespace "
+                     "%s, DRAM %d slots, SSD %s), coordinator %s", self.block_size,
+                     geo.slot_bytes, cfg.server, self.cache.client.info.get("namespace"),
+                     gauges.get("dram_slots", 0), ", ".join(dirs) or "off", cfg.coordinator)
+            return
+        log.info("saria scheduler: block %d tokens, slot %d B, DRAM %d slots, SSD %s "
+                 "(%d blocks recovered), admission %s, promotion %s, coordinator %s",
+                 self.block_size, geo.slot_bytes, gauges["dram_slots"],
+                 ", ".join(dirs) if dirs else "off", gauges["ssd_recovered_unadopted"],
+                 cfg.admission, cfg.promotion, cfg.coordinator)
+
+    def _local_cache(self, cfg: ConnectorConfig, vllm_config, geo: Geometry) -> tuple[str, ...]:
+        """The in-process cache (no server): this engine's own DRAM pool and drives."""
         dirs = cfg.store_dirs(geo)
         for d in dirs:
             os.makedirs(d, exist_ok=True)
@@ -124,30 +168,7 @@ class SariaScheduler:
         pool = self.cache.backend.pool
         self.pool_id = pool.shared_id
         pool.unlink()
-        self.hasher = RequestHasher(BlockHasher(self.block_size, cfg.hash_algo, cfg.hash_seed),
-                                    vllm_config, kv_cache_config)
-        self.ops = OpTracker(geo.tp_size, cfg.op_timeout_s)
-        self.reqs: dict[str, _Req] = {}
-        self._draining: dict[str, _Req] = {}     # finished, direct writes still to copy
-        self._finishing: dict[str, _Req] = {}    # finished before their load was reported
-        self._loads: list[Transfer] = []
-        self._late_stores: list[Transfer] = []   # promotions of requests that finished
-        self._delayed: list[str] = []
-        self._tokens_of: dict[bytes, tuple[tuple[int, ...], object]] = {}
-        self.counters = {"hit_tokens": 0, "query_tokens": 0,
-                         "load_ops": 0, "store_ops": 0, "promotion_ops": 0, "direct_ops": 0,
-                         "direct_dropped": 0,
-                         "store_failures": 0, "load_failures": 0, "expired_ops": 0,
-                         "delayed_frees": 0}
-        self.started = time.monotonic()
-        self.metrics_server = None
-        self._deltas = Deltas()
-        gauges = self.cache.gauges()
-        log.info("saria scheduler: block %d tokens, slot %d B, DRAM %d slots, SSD %s "
-                 "(%d blocks recovered), admission %s, promotion %s, coordinator %s",
-                 self.block_size, geo.slot_bytes, gauges["dram_slots"],
-                 ", ".join(dirs) if dirs else "off", gauges["ssd_recovered_unadopted"],
-                 cfg.admission, cfg.promotion, cfg.coordinator)
+        return dirs
 
     @property
     def engine_hashes(self) -> bool:
@@ -224,7 +245,7 @@ class SariaScheduler:
         self._drain_direct(stores)
         meta = SariaMetadata(loads=self._loads, stores=stores, delayed=self._delayed,
                              preempted=sorted(getattr(so, "preempted_req_ids", None) or ()),
-                             pool_id=self.pool_id)
+                             pool_id=self.pool_id, server_pool=self._server_pool())
         self._loads, self._delayed = [], []
         return meta
 
@@ -270,6 +291,13 @@ class SariaScheduler:
             self._delayed.append(rid)
             self.counters["delayed_frees"] += not counted
         return busy, None
+
+    def _server_pool(self):
+        """What a worker maps when a server owns the cache: the pool file and
+        the store's directories (they change when the server restarts)."""
+        if self.cfg.server is None or self.cache.pool_path is None:
+            return None
+        return self.cache.pool_path, self.cache.ssd_dirs
 
     def take_events(self):
         from saria.connector.events import to_vllm_events
@@ -329,7 +357,7 @@ class SariaScheduler:
         self.hasher.extend(st.chain, st.request, full)
         full = min(full, len(st.chain), len(st.block_ids))
         if full > st.stored:
-            direct = self.cache.backend.staging_slots > 0
+            direct = self.cache.staging_slots > 0
             spec = self.cache.prepare_store(st.chain.array[:full], st.stored, direct=direct)
             st.stored = full
             if spec.direct.size:
@@ -396,11 +424,7 @@ class SariaScheduler:
         if isinstance(op.spec, _Wave):
             wave = op.spec
             if ok:
-                rows = np.empty((wave.staging.size, self.geo.slot_bytes), np.uint8)
-                self.cache.backend.pool.gather(wave.staging, rows)
-                spec = StoreSpec(wave.chain[:0], wave.positions[:0], wave.staging[:0],
-                                 np.zeros(0, np.uint8), direct=wave.positions, chain=wave.chain)
-                self.cache.complete_store(spec, direct_rows=rows)
+                self.cache.write_direct(wave.chain, wave.positions, wave.staging)
             else:
                 self.counters["direct_dropped"] += int(wave.positions.size)
             self.cache.release_staging(wave.staging)

@@ -105,10 +105,10 @@ def gauges(sched) -> dict[str, float]:
     """Occupancy of the cache's tiers, the SSD write budget in use, and the
     admission's own figures (``budget``: ``admission_budget_used``,
     ``admission_threshold``, ``admission_level`` ...)."""
-    g = sched.cache.gauges()
-    out = {"dram_used_slots": g["dram_used_slots"], "dram_slots": g["dram_slots"]}
+    g = sched.cache.gauges()  # {} while a cache server does not answer
+    out = {"dram_used_slots": g.get("dram_used_slots", 0.0), "dram_slots": g.get("dram_slots", 0.0)}
     out.update({k: v for k, v in g.items() if k.startswith("admission_")})
-    if "ssd_slots" in g:
+    if "ssd_slots" in g and sched.cfg.server is None:
         out.update(ssd_free_slots=g["ssd_free_slots"], ssd_slots=g["ssd_slots"],
                    ssd_failed_drives=g["ssd_failed_drives"])
         days = max(time.monotonic() - sched.started, 1.0) / 86400

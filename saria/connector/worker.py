@@ -409,8 +409,12 @@ class SariaWorker:
     def __init__(self, cfg: ConnectorConfig, vllm_config, geo: Geometry) -> None:
         self.cfg = cfg
         self.geo = geo
-        self.pool = open_shared_pool(cfg, vllm_config, geo)
-        self.ssd_dirs = cfg.store_dirs(geo)
+        # with a cache server the pool and drives are the server's, named by
+        # the scheduler in each step's metadata (they change if it restarts)
+        self.pool = None if cfg.server else open_shared_pool(cfg, vllm_config, geo)
+        self.ssd_dirs = () if cfg.server else cfg.store_dirs(geo)
+        self._server_pool: tuple[str, tuple[str, ...]] | None = None
+        self._pages: KVPages | None = None
         self.copier: PageCopier | None = None
         self.coordinator: LoadCoordinator | None = None
         self._checked_pool = False
@@ -428,7 +432,13 @@ class SariaWorker:
     # ------------------------------------------------------------ lifecycle
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        pages = KVPages(kv_caches, self.geo)
+        self._pages = KVPages(kv_caches, self.geo)
+        if self.pool is not None:
+            self._attach()
+
+    def _attach(self) -> None:
+        """Copier and coordinator over the current pool and drives."""
+        pages = self._pages
         self.copier = PageCopier(pages, self.pool, self.geo)
         reader = SsdPageReader(self.ssd_dirs, pages, self.geo) if self.ssd_dirs else None
         self.coordinator = LoadCoordinator(self.cfg.coordinator, self.copier, reader,
@@ -439,13 +449,17 @@ class SariaWorker:
                  pages.device, ", ".join(self.ssd_dirs) or "off", self.cfg.coordinator)
 
     def shutdown(self) -> None:
+        self.shutdown_movers()
+        if self.pool is not None and self._server_pool is None:
+            self.pool.unlink()  # the engine's own pool (a server's stays the server's)
+
+    def shutdown_movers(self) -> None:
         if self.copier is not None:
             self.copier.close()
         if self.coordinator is not None:
             self.coordinator.close()
             if self.coordinator.reader is not None:
                 self.coordinator.reader.close()
-        self.pool.unlink()
 
     # -------------------------------------------------------------- per step
 
@@ -455,6 +469,8 @@ class SariaWorker:
         if meta is self._meta:
             return
         self._meta = meta
+        if meta.server_pool is not None and meta.server_pool != self._server_pool:
+            self._map_server_pool(meta.server_pool)
         self._check_pool(meta)
         self._saved_layers.clear()
         self._delayed.update(meta.delayed)
@@ -525,6 +541,20 @@ class SariaWorker:
         return self._deltas.take(now)
 
     # --------------------------------------------------------------- helpers
+
+    def _map_server_pool(self, server_pool: tuple[str, tuple[str, ...]]) -> None:
+        """Maps the cache server's pool (at the first step, and again after
+        the server restarted with a new one); copies of the old pool's ops
+        were voided by the server's restart."""
+        path, dirs = server_pool
+        if self.copier is not None:
+            self.shutdown_movers()
+        size = os.path.getsize(path)
+        self.pool = DramPool(size // self.geo.slot_bytes, self.geo.slot_bytes, shared=path,
+                             prefault=False)
+        self.ssd_dirs = tuple(dirs)
+        self._server_pool = server_pool
+        self._attach()
 
     def _check_pool(self, meta: SariaMetadata) -> None:
         if self._checked_pool or meta.pool_id is None:

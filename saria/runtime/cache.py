@@ -207,6 +207,21 @@ class TieredCache:
         with self._lock:
             self.manager.complete_checkpoint(spec, success=success)
 
+    @property
+    def staging_slots(self) -> int:
+        return self.backend.staging_slots
+
+    def write_direct(self, chain: np.ndarray, positions: np.ndarray,
+                     staging: np.ndarray) -> int:
+        """Write-through of blocks DRAM did not keep (``prepare_store(direct=True)``):
+        ``chain[positions]``'s bytes were copied into the staging slots
+        `staging`; admission writes them to the SSD. The slots stay taken."""
+        rows = np.empty((staging.size, self.backend.pool.slot_bytes), np.uint8)
+        self.backend.pool.gather(np.asarray(staging, np.int64), rows)
+        spec = StoreSpec(chain[:0], positions[:0], np.zeros(0, np.int64), np.zeros(0, np.uint8),
+                         direct=np.asarray(positions, np.int64), chain=chain)
+        return self.complete_store(spec, direct_rows=rows)
+
     def take_staging(self, count: int) -> np.ndarray:
         """Up to `count` staging slots for direct writes (``staging_slots``)."""
         with self._lock:

@@ -1,0 +1,100 @@
+"""``saria serve``: one cache per node; ``saria status ADDRESS``: its figures.
+
+    saria serve --dram 64GB --ssd-dir /mnt/nvme0/kv --ssd-dir /mnt/nvme1/kv --ssd-bytes 2TB
+    saria status ipc:///run/user/1000/saria/serve.sock
+
+Engines point their connector's ``server`` key at ``--listen``. The server logs
+one line per tier at start, serves until SIGTERM, then flushes and closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from saria.units import parse_size
+
+
+def register(sub) -> None:
+    from saria.serve.paths import default_listen
+
+    p = sub.add_parser("serve", help="run the node's shared cache server (one per node)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dram", default="16GB", help="DRAM pool size (default 16GB)")
+    p.add_argument("--ssd-dir", action="append", default=[],
+                   help="an SSD directory (repeat for several drives)")
+    p.add_argument("--ssd-bytes", default="0", help="SSD bytes per directory (default: off)")
+    p.add_argument("--admission", default="saria",
+                   help="SSD admission policy (every --policy name of saria replay; budget:<f>)")
+    p.add_argument("--promotion", default="lazy", help="promotion after prefill (none|full|lazy)")
+    p.add_argument("--dwpd", type=float, default=1.0, help="the drives' rating (budget admission)")
+    p.add_argument("--max-models", type=int, default=1,
+                   help="model layouts served at once; each gets 1/N of DRAM and SSD (default 1)")
+    p.add_argument("--lease", type=float, default=10.0,
+                   help="seconds an engine's session outlives its last call or heartbeat")
+    p.add_argument("--listen", default=default_listen(),
+                   help="ZMQ address (default: an owner-only ipc:// socket in the runtime dir)")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus endpoint port")
+    p.set_defaults(func=_serve)
+
+    s = sub.add_parser("status", help="print a running saria serve's figures")
+    s.add_argument("address", nargs="?", default=default_listen())
+    s.add_argument("--timeout", type=float, default=2.0)
+    s.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    s.set_defaults(func=_status)
+
+
+def _serve(args) -> int:
+    from saria.serve.server import ServerConfig, run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    cfg = ServerConfig(
+        listen=args.listen, dram_bytes=int(parse_size(args.dram, name="--dram")),
+        ssd_dirs=tuple(args.ssd_dir), ssd_bytes=int(parse_size(args.ssd_bytes, name="--ssd-bytes")),
+        admission=args.admission, promotion=args.promotion, dwpd=args.dwpd,
+        max_models=args.max_models, lease_s=args.lease, metrics_port=args.metrics_port)
+    return run(cfg)
+
+
+def _status(args) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from saria.serve.client import server_stats
+
+    snap = server_stats(args.address, args.timeout)
+    if args.json:
+        print(json.dumps(snap, indent=2))
+        return 0
+    con = Console()
+    con.print(f"saria serve at {snap['address']} (boot {snap['boot']}): {snap['sessions']} "
+              f"session(s), {snap['leases_expired']} lease(s) expired, "
+              f"{snap['rpc_errors']} RPC error(s)")
+    t = Table(title="engines")
+    for col in ("engine", "sessions", "matched blocks", "DRAM hit blocks", "SSD hit blocks",
+                "hit bytes"):
+        t.add_column(col)
+    for name in sorted(set(snap["engines"]) | set(snap["sessions_by_engine"])):
+        e = snap["engines"].get(name, {})
+        t.add_row(name, str(snap["sessions_by_engine"].get(name, 0)),
+                  f"{e.get('matched_blocks', 0):,.0f}", f"{e.get('dram_hit_blocks', 0):,.0f}",
+                  f"{e.get('ssd_hit_blocks', 0):,.0f}",
+                  f"{e.get('dram_hit_bytes', 0) + e.get('ssd_hit_bytes', 0):,.0f}")
+    con.print(t)
+    for ns, g in snap["namespaces"].items():
+        t = Table(title=f"namespace {ns}")
+        t.add_column("gauge")
+        t.add_column("value", justify="right")
+        for k, v in sorted(g.items()):
+            t.add_row(k, f"{v:,.4g}")
+        con.print(t)
+    t = Table(title="RPC latency")
+    for col in ("op", "count", "mean"):
+        t.add_column(col)
+    for op, r in sorted(snap["rpc"].items()):
+        t.add_row(op, f"{r['count']:,}", f"{1e6 * r['sum_s'] / max(r['count'], 1):,.0f} µs")
+    con.print(t)
+    return 0

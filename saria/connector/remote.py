@@ -1,0 +1,141 @@
+"""The scheduler connector's cache when a ``saria serve`` owns it.
+
+``ServerCache`` gives ``SariaScheduler`` the calls it makes of an in-process
+``TieredCache``, over a ``saria.serve.client.RemoteCache``, with the engine's
+failure rule: the server is an accelerator, never a dependency. A call that
+misses its deadline or that the server refuses is a miss (lookups find
+nothing, stores store nothing, completions are dropped) -- the engine
+recomputes and keeps serving; the next call tries again, and the client says
+hello by itself once the server is back (a new boot: new pool, new session).
+
+Counters are this engine's view (``stats``: hits it was served, blocks it
+stored); the server's own endpoint has the node's figures. KV events are not
+published through a server yet (``take_events`` is empty): several engines
+would announce the same blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from saria.core import CacheStats
+from saria.errors import SariaError
+from saria.index import Tier
+from saria.serve.client import RemoteCache, RemoteLoadSpec, RemotePlan, RemoteStoreSpec
+
+log = logging.getLogger("saria.connector")
+
+_EMPTY = np.zeros(0, np.int64)
+
+
+def server_layout(geo, cfg) -> dict:
+    """The layout fingerprint a hello carries (``saria.serve.server.LAYOUT_FIELDS``)."""
+    return {"model": geo.model, "dtype": geo.dtype, "block_size": geo.block_size,
+            "page_bytes": geo.page_bytes, "num_layers": geo.num_layers, "tp_size": geo.tp_size,
+            "kv_layout": geo.kv_layout, "hash_algo": cfg.hash_algo, "hash_seed": cfg.hash_seed,
+            "slot_bytes": geo.slot_bytes}
+
+
+class ServerCache:
+    def __init__(self, cfg, geo, vllm_config) -> None:
+        par = vllm_config.parallel_config
+        dp = getattr(par, "data_parallel_index", None)
+        if dp is None:
+            dp = getattr(par, "data_parallel_rank", 0)
+        self.client = RemoteCache(cfg.server, server_layout(geo, cfg),
+                                  name=f"{cfg.engine_name}-dp{dp}", dp_rank=int(dp), tp_rank=0,
+                                  timeout_s=cfg.server_timeout_s)
+        self.stats = CacheStats()
+        self.failures = 0
+        self._last_warning = 0.0
+
+    # --------------------------------------------------------- what workers map
+
+    @property
+    def pool_path(self) -> str | None:
+        return self.client.info.get("pool")
+
+    @property
+    def ssd_dirs(self) -> tuple[str, ...]:
+        return tuple(self.client.info.get("ssd_dirs", ()))
+
+    @property
+    def staging_slots(self) -> int:
+        return self.client.staging_slots
+
+    # ----------------------------------------------------------------- verbs
+
+    def lookup(self, keys):
+        self.stats.lookups += 1
+        return self._guard(self.client.lookup, RemotePlan(0), keys)
+
+    def touch(self, keys, *, hits: int, checkpoint_at: int = 0) -> int:
+        return self._guard(self.client.touch, 0, keys, hits=hits, checkpoint_at=checkpoint_at)
+
+    def prepare_load(self, keys, blocks: int, *, start: int = 0):
+        none = RemoteLoadSpec(keys[:0], 0, _EMPTY, _EMPTY, -1, "")
+        return self._guard(self.client.prepare_load, none, keys, blocks, start=start)
+
+    def complete_load(self, spec, failed=None) -> int:
+        served = self._guard(self.client.complete_load, 0, spec, failed)
+        tiers = spec.tiers[spec.start:served]
+        self.stats.hit_blocks["DRAM"] += int(np.count_nonzero(tiers == Tier.DRAM))
+        self.stats.hit_blocks["SSD"] += int(np.count_nonzero(tiers == Tier.SSD))
+        return served
+
+    def cancel_load(self, spec) -> None:
+        self._guard(self.client.cancel_load, None, spec)
+
+    def prepare_store(self, keys, start: int = 0, *, session: int = 0, direct: bool = False):
+        none = RemoteStoreSpec(keys, _EMPTY, _EMPTY, -1, "")
+        return self._guard(self.client.prepare_store, none, keys, start, session=session,
+                           direct=direct)
+
+    def prepare_promotion(self, keys, ssd_positions, dram_blocks: int):
+        none = RemoteStoreSpec(keys, _EMPTY, _EMPTY, -1, "", promotion=True)
+        return self._guard(self.client.prepare_promotion, none, keys, ssd_positions, dram_blocks)
+
+    def complete_store(self, spec, *, success: bool = True) -> int:
+        n = self._guard(self.client.complete_store, 0, spec, success=success)
+        if success and spec.spec >= 0:
+            key = "promoted_blocks" if spec.promotion else "stored_blocks"
+            setattr(self.stats, key, getattr(self.stats, key) + int(n or 0))
+        return n
+
+    def write_direct(self, chain, positions, staging) -> int:
+        return self._guard(self.client.write_direct, 0, chain, positions, staging)
+
+    def take_staging(self, count: int):
+        return self._guard(self.client.take_staging, _EMPTY, count)
+
+    def release_staging(self, slots) -> None:
+        self._guard(self.client.release_staging, None, slots)
+
+    def take_events(self):
+        return []
+
+    def gauges(self) -> dict[str, float]:
+        return self._guard(self.client.gauges, {})
+
+    def flush(self) -> None:
+        self._guard(self.client.flush, None)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # ---------------------------------------------------------------- helpers
+
+    def _guard(self, fn, default, *args, **kw):
+        try:
+            return fn(*args, **kw)
+        except SariaError as e:  # ServerUnavailable, RemoteError, ProtocolError
+            self.failures += 1
+            now = time.monotonic()
+            if now - self._last_warning > 10:
+                self._last_warning = now
+                log.warning("saria: the cache server failed a call (%s); this engine recomputes "
+                            "meanwhile (%d failed calls so far)", e, self.failures)
+            return default

