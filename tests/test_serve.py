@@ -322,6 +322,26 @@ def test_a_wrong_version_and_a_malformed_frame_get_errors(server):
     c.close()
 
 
+def test_a_bad_completion_leaves_the_spec_in_place(server):
+    """Arguments are checked before a spec leaves the session: a completion
+    with bad positions is refused and the right one still works (no lock
+    lost); out-of-range counts are refused before they reach the cache."""
+    c = RemoteCache(server.address, LAYOUT)
+    keys = chain(6, 5)
+    store(c, keys)
+    spec = c.prepare_load(keys, 5)
+    with pytest.raises(P.RemoteError, match="failed"):
+        c._call("complete_load", {"spec": spec.spec, "failed": np.array([7])}, renew=False)
+    with pytest.raises(P.RemoteError, match="failed"):
+        c._call("complete_load", {"spec": spec.spec, "failed": "x"}, renew=False)
+    assert c.complete_load(spec) == 5
+    for op, args in (("take_staging", {"count": -1}),
+                     ("touch", {"keys": keys, "hits": 6})):
+        with pytest.raises(P.RemoteError):
+            c._call(op, args)
+    c.close()
+
+
 _values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=8)
     | st.binary(max_size=16),

@@ -32,6 +32,7 @@ on client input.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -286,13 +287,18 @@ class CacheServer:
         if dirs and make_admission(self.cfg.admission).writes_on_create and slots > 1:
             staging = max(1, slots // 8)  # write-through of blocks DRAM does not keep
         pool = os.path.join("/dev/shm", f"saria-serve-{os.getuid()}-{self.boot}-{ns}")
-        self.pools[ns] = pool
-        cache = TieredCache(CacheConfig(
-            block_bytes=slot_bytes, dram_bytes=dram, ssd_dirs=dirs,
-            ssd_bytes=self.cfg.ssd_bytes // self.cfg.max_models if dirs else 0,
-            admission=self.cfg.admission, promotion=self.cfg.promotion, dwpd=self.cfg.dwpd,
-            shared_pool=pool, staging_slots=staging, pin=self.cfg.pin))
+        try:
+            cache = TieredCache(CacheConfig(
+                block_bytes=slot_bytes, dram_bytes=dram, ssd_dirs=dirs,
+                ssd_bytes=self.cfg.ssd_bytes // self.cfg.max_models if dirs else 0,
+                admission=self.cfg.admission, promotion=self.cfg.promotion, dwpd=self.cfg.dwpd,
+                shared_pool=pool, staging_slots=staging, pin=self.cfg.pin))
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(pool)
+            raise
         os.chmod(pool, 0o600)
+        self.pools[ns] = pool
         self.caches[ns] = cache
         g = cache.gauges()
         log.info("saria serve: namespace %s (%s): DRAM %d slots of %d B, SSD %s (%d blocks "
@@ -339,8 +345,11 @@ class CacheServer:
         return {"num_blocks": plan.num_blocks}
 
     def _touch(self, s: Session, args: dict):
-        return self._cache(s).touch(P.keys_arg(args), hits=P.arg(args, "hits", int),
-                                    checkpoint_at=P.arg(args, "checkpoint_at", int, 0))
+        keys = P.keys_arg(args)
+        hits, at = P.arg(args, "hits", int), P.arg(args, "checkpoint_at", int, 0)
+        if not (0 <= hits <= keys.shape[0] and 0 <= at <= keys.shape[0]):
+            raise P.ProtocolError("touch: 'hits' and 'checkpoint_at' must lie in [0, len(keys)]")
+        return self._cache(s).touch(keys, hits=hits, checkpoint_at=at)
 
     def _spec_id(self) -> int:
         self._next_spec += 1
@@ -358,9 +367,14 @@ class CacheServer:
                 "tiers": spec.tiers, "slots": spec.slots}
 
     def _complete_load(self, s: Session, args: dict):
-        spec = self._take(s.loads, args)
         failed = P.arg(args, "failed", (np.ndarray, type(None)), None)
-        served = self._cache(s).complete_load(spec, failed)
+        spec = self._peek(s.loads, args)
+        if failed is not None and (failed.ndim != 1 or failed.dtype.kind not in "iu" or (
+                failed.size and (failed.min() < spec.start or failed.max() >= spec.num_blocks))):
+            raise P.ProtocolError("complete_load: 'failed' must list positions the load read")
+        spec = self._take(s.loads, args)
+        served = self._cache(s).complete_load(
+            spec, None if failed is None else failed.astype(np.int64))
         self.metrics.served(s, spec, served)
         return served
 
@@ -399,8 +413,9 @@ class CacheServer:
         return self._store_reply(s, spec)
 
     def _complete_store(self, s: Session, args: dict):
+        success = P.arg(args, "success", bool, True)
         spec = self._take(s.stores, args)
-        return self._cache(s).complete_store(spec, success=P.arg(args, "success", bool, True))
+        return self._cache(s).complete_store(spec, success=success)
 
     def _write_direct(self, s: Session, args: dict):
         chain = P.keys_arg(args, "chain")
@@ -414,7 +429,10 @@ class CacheServer:
         return self._cache(s).write_direct(chain, pos.astype(np.int64), staging.astype(np.int64))
 
     def _take_staging(self, s: Session, args: dict):
-        slots = self._cache(s).take_staging(P.arg(args, "count", int))
+        count = P.arg(args, "count", int)
+        if count < 0:
+            raise P.ProtocolError("take_staging: 'count' must not be negative")
+        slots = self._cache(s).take_staging(count)
         s.staging.update(int(x) for x in slots)
         return slots
 
@@ -433,6 +451,14 @@ class CacheServer:
     def _flush(self, s: Session, args: dict):
         self._cache(s).flush()
         return True
+
+    @staticmethod
+    def _peek(table: dict, args: dict):
+        spec = table.get(P.arg(args, "spec", int))
+        if spec is None:
+            raise P.RemoteError("session", "no such spec in this session (completed, "
+                                "cancelled, or expired with its lease)")
+        return spec
 
     @staticmethod
     def _take(table: dict, args: dict):
