@@ -102,12 +102,15 @@ def test_a_second_engine_on_the_same_drive_is_refused(model, long_want, tmp_path
              "admission": "full-duplicate", "hash_seed": "restart-test"}
     with engine(model, extra) as llm:
         generate(llm, LONG)
+        started = __import__("time").time()
         p = subprocess.run([sys.executable, os.path.join(HERE, "connector_child.py"),
                             model, str(ssd), "0", json.dumps({"expect_error": True})],
                            capture_output=True, text=True, timeout=600)
         line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         assert p.returncode == 0 and line, p.stderr[-3000:]
         err = json.loads(line[-1][7:])["error"]
+        assert not [f for f in os.listdir("/dev/shm") if f.startswith("saria-pool-") and
+                    os.stat(os.path.join("/dev/shm", f)).st_mtime > started]  # nothing left
         assert "ssd_dirs:" in err and "is in use by another saria cache" in err
         assert f"(pid {os.getpid()})" in err
         s = scheduler_connector(llm)._scheduler

@@ -219,10 +219,13 @@ def test_server_restart_engines_recompute_then_reconnect_and_find_the_ssd(tmp_pa
     store(c, keys)
     c.flush()
     spec = c.prepare_load(keys, 10)
+    old_pool = c.info["pool"]
     srv.stop(signal.SIGKILL)
     with pytest.raises(ServerUnavailable):
         c.lookup(keys)
+    assert os.path.exists(old_pool)       # a killed server cannot clean up ...
     srv.start()
+    assert not os.path.exists(old_pool)   # ... its successor removes the dead one's pool
     boot = c.boot
     plan = c.lookup(keys)                 # a new session on the new server
     assert c.boot != boot and c.reconnects >= 1

@@ -42,6 +42,7 @@ every figure (``stats``, ``gauges``): this class only sequences them.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -150,17 +151,22 @@ class SariaScheduler:
         staging = 0
         if dirs and make_admission(cfg.admission).writes_on_create and dram_slots > 1:
             staging = max(1, dram_slots // 8)  # write-through of blocks DRAM does not keep
+        path = pool_path(vllm_config)
         try:
             self.cache = TieredCache(CacheConfig(
                 block_bytes=geo.slot_bytes, dram_bytes=cfg.dram_bytes, ssd_dirs=dirs,
                 ssd_bytes=cfg.ssd_bytes, admission=cfg.admission, promotion=cfg.promotion,
                 promotion_r=cfg.promotion_r, min_victim_age_s=cfg.promotion_min_age_s,
                 write_queue=cfg.write_queue, events=cfg.events,
-                shared_pool=pool_path(vllm_config), max_blocks=_max_blocks(cfg, geo),
+                shared_pool=path, max_blocks=_max_blocks(cfg, geo),
                 staging_slots=staging, dwpd=cfg.dwpd,
                 pin=False))  # only the workers' mappings need page-locking (for DMA)
-        except OSError as e:
-            if e.errno == errno.EBUSY:  # another cache owns the drive: one line, the holder's pid
+        except BaseException as e:
+            # the engine will not start: the pool file the workers made must not outlive it
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            if isinstance(e, OSError) and e.errno == errno.EBUSY:
+                # another cache owns the drive: one line, the holder's pid
                 raise ConfigError("ssd_dirs", e.strerror or str(e)) from None
             raise
         # Workers mapped the pool before this side existed (vLLM creates the

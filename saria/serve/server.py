@@ -129,6 +129,10 @@ class CacheServer:
         finally:
             os.umask(old)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        removed = remove_stale_pools()
+        if removed:
+            log.info("saria serve: removed %d pool file(s) of servers no longer running: %s",
+                     len(removed), ", ".join(removed))
         self._ops = {
             "hello": self._hello, "ping": self._ping, "bye": self._bye, "stats": self._stats,
             "lookup": self._lookup, "touch": self._touch,
@@ -286,7 +290,7 @@ class CacheServer:
         staging = 0
         if dirs and make_admission(self.cfg.admission).writes_on_create and slots > 1:
             staging = max(1, slots // 8)  # write-through of blocks DRAM does not keep
-        pool = os.path.join("/dev/shm", f"saria-serve-{os.getuid()}-{self.boot}-{ns}")
+        pool = os.path.join(POOL_DIR, f"{_pool_prefix()}{os.getpid()}-{self.boot}-{ns}")
         try:
             cache = TieredCache(CacheConfig(
                 block_bytes=slot_bytes, dram_bytes=dram, ssd_dirs=dirs,
@@ -467,6 +471,41 @@ class CacheServer:
             raise P.RemoteError("session", "no such spec in this session (completed, "
                                 "cancelled, or expired with its lease)")
         return spec
+
+
+POOL_DIR = "/dev/shm"
+
+
+def _pool_prefix() -> str:
+    return f"saria-serve-{os.getuid()}-"
+
+
+def remove_stale_pools() -> list[str]:
+    """Pool files of this user's servers whose process is gone (a server
+    killed with SIGKILL cannot remove its own): ``saria-serve-UID-PID-...``."""
+    removed = []
+    prefix = _pool_prefix()
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(POOL_DIR):
+            if not name.startswith(prefix):
+                continue
+            pid = name[len(prefix):].split("-", 1)[0]
+            if not pid.isdigit() or _alive(int(pid)):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(POOL_DIR, name))
+                removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def run(cfg: ServerConfig) -> int:
