@@ -23,7 +23,6 @@ import numpy as np
 
 from saria.core import CacheStats
 from saria.errors import SariaError
-from saria.index import Tier
 from saria.serve.client import RemoteCache, RemoteLoadSpec, RemotePlan, RemoteStoreSpec
 
 log = logging.getLogger("saria.connector")
@@ -81,9 +80,9 @@ class ServerCache:
 
     def complete_load(self, spec, failed=None) -> int:
         served = self._guard(self.client.complete_load, 0, spec, failed)
-        tiers = spec.tiers[spec.start:served]
-        self.stats.hit_blocks["DRAM"] += int(np.count_nonzero(tiers == Tier.DRAM))
-        self.stats.hit_blocks["SSD"] += int(np.count_nonzero(tiers == Tier.SSD))
+        dram, ssd = spec.hits(served)
+        self.stats.hit_blocks["DRAM"] += dram
+        self.stats.hit_blocks["SSD"] += ssd
         return served
 
     def cancel_load(self, spec) -> None:

@@ -77,7 +77,8 @@ class CacheManager:
         #: how long blocks sat idle before requests came back (kept only for
         #: policies that ask: the budget's value, promotion's learned cutoff)
         self.returns = ReturnGaps()
-        self._observe = admission.wants_returns or promotion.wants_returns
+        self._observe = (admission.wants_returns or admission.wants_evicted_returns
+                         or promotion.wants_returns)
         admission.bind(ssd_units=backend.capacity(SSD), state_units=backend.state_units,
                        returns=self.returns)
 
@@ -143,10 +144,9 @@ class CacheManager:
             failed = np.unique(np.asarray(failed, np.int64))
             served = int(failed[0])
             self._drop_failed(spec, failed)
-        ssd_pos = spec.start + np.flatnonzero(spec.tiers[spec.start:served] == SSD)
-        from_ssd = int(ssd_pos.size)
-        self.stats.hit_blocks["SSD"] += from_ssd
-        self.stats.hit_blocks["DRAM"] += max(0, served - spec.start) - from_ssd
+        dram, ssd = spec.hits(served)
+        self.stats.hit_blocks["DRAM"] += dram
+        self.stats.hit_blocks["SSD"] += ssd
         return served
 
     def cancel_load(self, spec: LoadSpec) -> None:

@@ -44,6 +44,12 @@ class LoadSpec:
         pos = np.flatnonzero(self.tiers == tier)
         return pos[pos >= self.start]
 
+    def hits(self, served: int) -> tuple[int, int]:
+        """``(DRAM, SSD)`` blocks read by a load that served its first
+        `served` blocks (what ``complete_load`` returned)."""
+        ssd = int(np.count_nonzero(self.tiers[self.start:served] == Tier.SSD))
+        return max(0, served - self.start) - ssd, ssd
+
 
 @dataclass(slots=True)
 class StoreSpec:

@@ -69,7 +69,8 @@ class BudgetAdmission(AdmissionPolicy):
     writes_nothing = False
     wants_returns = True
     wants_evicted_returns = True
-    #: candidates are told apart by DRAM evictions so far: 0 (an early write), 1, 2, 3+
+    #: victims are told apart by their DRAM evictions: 1, 2, 3+ (class 0, an early
+    #: write, is rated as a first victim)
     CLASSES = 4
     #: the bucket level at which the share bought is what the budget pays for
     poise = 0.25
@@ -91,7 +92,6 @@ class BudgetAdmission(AdmissionPolicy):
         self.window_s = float(window_s)
         self.name = "budget" if fraction == 1.0 else f"budget:{fraction:g}"
         self.rate = 0.0           # units per second (set by bind)
-        self.state_units = 0
         self.threshold = 0.0
         self.tokens = 0.0
         self.spent = 0.0          # units admitted since the start
@@ -112,7 +112,6 @@ class BudgetAdmission(AdmissionPolicy):
         """Called by the cache core with the SSD tier's capacity in units and
         its record of return gaps."""
         self.rate = ssd_units * self.dwpd * self.fraction / DAY
-        self.state_units = state_units
         if returns is not None:
             self._returns = returns
 

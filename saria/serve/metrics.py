@@ -11,9 +11,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
-import numpy as np
 
-from saria.index import Tier
 
 #: RPC latency histogram bounds, seconds
 BUCKETS = (50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 100e-3, 1.0)
@@ -40,11 +38,9 @@ class ServerMetrics:
         self.engines[s.engine]["matched_blocks"] += plan.num_blocks
 
     def served(self, s, spec, served: int) -> None:
-        tiers = spec.tiers[spec.start:served]
         slot = self.server.caches[s.namespace].backend.pool.slot_bytes
         e = self.engines[s.engine]
-        for name, tier in (("dram", Tier.DRAM), ("ssd", Tier.SSD)):
-            n = int(np.count_nonzero(tiers == tier))
+        for name, n in zip(("dram", "ssd"), spec.hits(served)):
             e[f"{name}_hit_blocks"] += n
             e[f"{name}_hit_bytes"] += n * slot
 
