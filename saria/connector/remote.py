@@ -75,7 +75,7 @@ class ServerCache:
         return self._guard(self.client.touch, 0, keys, hits=hits, checkpoint_at=checkpoint_at)
 
     def prepare_load(self, keys, blocks: int, *, start: int = 0):
-        none = RemoteLoadSpec(keys[:0], 0, _EMPTY, _EMPTY, -1, "")
+        none = RemoteLoadSpec(keys[:0], 0, _EMPTY, _EMPTY)
         return self._guard(self.client.prepare_load, none, keys, blocks, start=start)
 
     def complete_load(self, spec, failed=None) -> int:
@@ -89,12 +89,12 @@ class ServerCache:
         self._guard(self.client.cancel_load, None, spec)
 
     def prepare_store(self, keys, start: int = 0, *, session: int = 0, direct: bool = False):
-        none = RemoteStoreSpec(keys, _EMPTY, _EMPTY, -1, "")
+        none = RemoteStoreSpec.of(keys, _EMPTY, _EMPTY, -1, "")
         return self._guard(self.client.prepare_store, none, keys, start, session=session,
                            direct=direct)
 
     def prepare_promotion(self, keys, ssd_positions, dram_blocks: int):
-        none = RemoteStoreSpec(keys, _EMPTY, _EMPTY, -1, "", promotion=True)
+        none = RemoteStoreSpec.of(keys, _EMPTY, _EMPTY, -1, "", promotion=True)
         return self._guard(self.client.prepare_promotion, none, keys, ssd_positions, dram_blocks)
 
     def complete_store(self, spec, *, success: bool = True) -> int:

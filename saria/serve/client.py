@@ -23,11 +23,12 @@ import itertools
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import zmq
 
+from saria.core import LoadSpec, StoreSpec
 from saria.errors import SariaError
 from saria.serve import protocol as P
 
@@ -42,51 +43,31 @@ class RemotePlan:
 
 
 @dataclass(slots=True)
-class RemoteLoadSpec:
-    """``LoadSpec``'s fields as the server sent them, and the spec's id."""
+class RemoteLoadSpec(LoadSpec):
+    """A ``LoadSpec`` as the server sent it: ``spec`` is its id there, valid
+    for the server's boot ``boot`` only."""
 
-    path: np.ndarray
-    start: int
-    tiers: np.ndarray
-    slots: np.ndarray
-    spec: int
-    boot: str
-    checkpoint: None = None
-
-    @property
-    def num_blocks(self) -> int:
-        return int(self.path.shape[0])
-
-    def positions(self, tier) -> np.ndarray:
-        pos = np.flatnonzero(self.tiers == tier)
-        return pos[pos >= self.start]
+    spec: int = -1
+    boot: str = ""
 
 
 @dataclass(slots=True)
-class RemoteStoreSpec:
-    path: np.ndarray
-    positions: np.ndarray
-    slots: np.ndarray
-    spec: int
-    boot: str
-    promotion: bool = False
-    direct: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+class RemoteStoreSpec(StoreSpec):
+    """A ``StoreSpec`` as the server sent it (``masks`` stay on the server;
+    ``chain`` is the request's keys, for its direct writes)."""
 
-    @property
-    def num_blocks(self) -> int:
-        return int(self.positions.size)
+    spec: int = -1
+    boot: str = ""
 
-    @property
-    def keys(self) -> np.ndarray:
-        return self.path[self.positions]
+    @classmethod
+    def of(cls, keys: np.ndarray, positions, slots, spec: int, boot: str, *,
+           promotion: bool = False, direct=None) -> RemoteStoreSpec:
+        return cls(keys, positions, slots, _NO_MASKS, promotion=promotion,
+                   direct=_EMPTY if direct is None else direct, chain=keys, spec=spec, boot=boot)
 
-    @property
-    def direct_keys(self) -> np.ndarray:
-        return self.path[self.direct]
 
-    @property
-    def chain(self) -> np.ndarray:
-        return self.path
+_EMPTY = np.zeros(0, np.int64)
+_NO_MASKS = np.zeros(0, np.uint8)
 
 
 class RemoteCache:
@@ -128,7 +109,7 @@ class RemoteCache:
         keys = _keys(keys)
         r = self._call("prepare_load", {"keys": keys, "blocks": int(blocks), "start": int(start)})
         return RemoteLoadSpec(keys[:r["num_blocks"]], r["start"], r["tiers"], r["slots"],
-                              r["spec"], self.boot)
+                              spec=r["spec"], boot=self.boot)
 
     def complete_load(self, spec: RemoteLoadSpec, failed: np.ndarray | None = None) -> int:
         if spec.boot != self.boot:
@@ -211,8 +192,8 @@ class RemoteCache:
     # ------------------------------------------------------------ helpers
 
     def _store_spec(self, keys: np.ndarray, r: dict) -> RemoteStoreSpec:
-        return RemoteStoreSpec(keys, r["positions"], r["slots"], r["spec"], self.boot,
-                               r["promotion"], r["direct"])
+        return RemoteStoreSpec.of(keys, r["positions"], r["slots"], r["spec"], self.boot,
+                                  promotion=r["promotion"], direct=r["direct"])
 
     def _connect(self) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)

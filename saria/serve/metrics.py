@@ -9,7 +9,7 @@ namespace's cache gauges (DRAM use, SSD free space, write budget).
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 
 
@@ -53,7 +53,7 @@ class ServerMetrics:
             "boot": srv.boot, "address": srv.address, "sessions": len(srv.sessions),
             "leases_expired": self.expired, "rpc_errors": self.errors,
             "engines": {k: dict(v) for k, v in self.engines.items()},
-            "sessions_by_engine": _count(s.engine for s in srv.sessions.values()),
+            "sessions_by_engine": dict(Counter(s.engine for s in srv.sessions.values())),
             "namespaces": {ns: {k: float(v) for k, v in c.gauges().items()}
                            for ns, c in srv.caches.items()},
             "rpc": {op: {"count": sum(b), "sum_s": self.rpc_sum[op], "buckets": list(b)}
@@ -79,13 +79,6 @@ class ServerMetrics:
             self._http = None
 
 
-def _count(items) -> dict[str, int]:
-    out: dict[str, int] = defaultdict(int)
-    for x in items:
-        out[x] += 1
-    return dict(out)
-
-
 class _Collector:
     """Reads the server's figures at scrape time (the server loop is the
     only writer; a scrape sees a consistent-enough snapshot of counters)."""
@@ -104,18 +97,10 @@ class _Collector:
         c = CounterMetricFamily("saria_serve_leases_expired", "sessions ended by lease expiry")
         c.add_metric([], snap["leases_expired"])
         yield c
-        c = CounterMetricFamily("saria_serve_engine", "per-engine blocks and bytes",
-                                labels=["engine", "figure"])
-        for engine, figs in snap["engines"].items():
-            for k, v in figs.items():
-                c.add_metric([engine, k], v)
-        yield c
-        g = GaugeMetricFamily("saria_serve_cache", "per-namespace cache gauges",
-                              labels=["namespace", "gauge"])
-        for ns, figs in snap["namespaces"].items():
-            for k, v in figs.items():
-                g.add_metric([ns, k], v)
-        yield g
+        yield _by_two(CounterMetricFamily("saria_serve_engine", "per-engine blocks and bytes",
+                                          labels=["engine", "figure"]), snap["engines"])
+        yield _by_two(GaugeMetricFamily("saria_serve_cache", "per-namespace cache gauges",
+                                        labels=["namespace", "gauge"]), snap["namespaces"])
         h = HistogramMetricFamily("saria_serve_rpc_seconds", "RPC latency", labels=["op"])
         for op, r in snap["rpc"].items():
             cum, buckets = 0, []
@@ -124,3 +109,11 @@ class _Collector:
                 buckets.append((bound, cum))
             h.add_metric([op], buckets, r["sum_s"])
         yield h
+
+
+def _by_two(family, table: dict[str, dict[str, float]]):
+    """A metric family labelled by a table's two keys (who, which figure)."""
+    for who, figs in table.items():
+        for k, v in figs.items():
+            family.add_metric([who, k], v)
+    return family
