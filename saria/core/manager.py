@@ -173,6 +173,20 @@ class CacheManager:
         if self.events is not None:
             self.events.removed(SSD, keys)
 
+    def remove(self, keys: np.ndarray) -> int:
+        """An owner's delete: every DRAM and SSD copy of the listed blocks
+        (independent keys, any order, none locked) leaves the cache; their
+        history stays. Returns the copies dropped."""
+        dropped = 0
+        for tier in (DRAM, SSD):
+            here = np.array([self.index.slot_of(bytes(k), tier) is not None for k in keys], bool)
+            if here.any():
+                self.backend.free(tier, self.index.remove(keys[here], tier))
+                if self.events is not None:
+                    self.events.removed(tier, keys[here])
+                dropped += int(here.sum())
+        return dropped
+
     # -------------------------------------------------------------- stores
 
     def prepare_store(self, keys: np.ndarray, start: int = 0, *, session: int = 0,

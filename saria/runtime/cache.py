@@ -195,6 +195,10 @@ class TieredCache:
         with self._lock:
             return self.manager.complete_store(spec, success=success, direct_rows=direct_rows)
 
+    def remove(self, keys: np.ndarray) -> int:
+        with self._lock:
+            return self.manager.remove(keys)
+
     def place(self, keys: np.ndarray, tier: Tier, *, session: int = 0) -> int:
         with self._lock:
             return self.manager.place(keys, tier, session=session)
