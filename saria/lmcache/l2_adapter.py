@@ -4,8 +4,9 @@ LMCache 0.5.6 mirrors every chunk that lands in its L1 to every L2 adapter
 at once; this one takes the chunks into saria's DRAM buffer and lets saria's
 admission decide which of them are worth an SSD write as the buffer evicts
 them (``chunks.py`` says how LMCache's calls map onto block history, and what
-they do not show). Tasks run on a small thread pool; each kind of task
-signals its own event fd, as LMCache's controllers expect.
+they do not show). Stores run on one thread in the order LMCache submits
+them, lookups and loads on a small pool beside it; each kind of task signals
+its own event fd, as LMCache's controllers expect.
 
 Byte accounting: LMCache's usage counts a chunk from the moment saria holds
 it (DRAM buffer or SSD) until it leaves saria, reported with the key LMCache
@@ -86,7 +87,10 @@ class SariaL2Adapter(L2AdapterInterface):
         self._lookups: dict[L2TaskId, Bitmap] = {}
         self._loads: dict[L2TaskId, Bitmap] = {}
         self._names: dict[bytes, tuple[ObjectKey, int]] = {}  # digest -> (key, bytes) held
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="saria-l2")
+        # Stores run one at a time, in LMCache's order (the buffer's LRU order
+        # is what admission judges); lookups and loads beside them.
+        self._store_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="saria-l2-store")
+        self._pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="saria-l2")
         self._closed = False
         p = config.params
         logger.info("saria L2 adapter: %s, %d B on %d drive(s) %s, DRAM buffer %d B, chunk %s",
@@ -108,7 +112,7 @@ class SariaL2Adapter(L2AdapterInterface):
 
     def submit_store_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> L2TaskId:
         task = next(self._ids)
-        self._pool.submit(self._run_store, task, list(keys), list(objects))
+        self._store_pool.submit(self._run_store, task, list(keys), list(objects))
         return task
 
     def pop_completed_store_tasks(self) -> dict[L2TaskId, L2StoreResult]:
@@ -154,6 +158,7 @@ class SariaL2Adapter(L2AdapterInterface):
         if self._closed:
             return
         self._closed = True
+        self._store_pool.shutdown(wait=True)
         self._pool.shutdown(wait=True)
         self.store.close()
         for efd in (self._store_efd, self._lookup_efd, self._load_efd):
