@@ -13,7 +13,7 @@ slot -- 64-byte slot header, 64-byte chunk header, chunk -- is exactly 64 KiB;
 the bytes of every 8th request's hits are checked.
 
 Same DRAM for everyone: ``fs`` gets an L1 of `--l1-share` of the unique
-chunks; saria's L1 is smaller by its DRAM buffer (a quarter of that).
+chunks; saria's L1 is smaller by its DRAM buffer (`--buffer-share` of it).
 saria's admission under ``full-duplicate``, ``saria`` (E2) and ``budget``
 (a `--dwpd` drive of `--capacity-x` times the working set). The replay runs
 `--speedup` times faster than the trace, and so does the clock saria's core
@@ -23,7 +23,7 @@ Then ``lmcache bench l2`` (store / lookup / load throughput) against ``fs``
 (page cache), ``fs`` with O_DIRECT, and saria (full-duplicate, a 4-chunk
 buffer so loads come from the drive). Medians of `--reps` runs.
 
-    python experiments/10_lmcache_adapter.py             # ~20 min
+    python experiments/10_lmcache_adapter.py             # ~20 min (3 x 4 replays of ~80 s)
     python experiments/10_lmcache_adapter.py --quick     # ~2 min
 
 Writes runs.csv, bench_l2.csv, summary.json and lmcache_adapter.png.
@@ -81,7 +81,7 @@ def replay(config: str, stream, unique: int, args, tmp: Path) -> dict:
         l2 = {"type": "fs", "base_path": str(d)}
     else:
         policy = config.split(":")[1]
-        buffer = l1 // 4
+        buffer = int(l1 * args.buffer_share)
         l1 -= buffer
         capacity = max(64 << 20, int(args.capacity_x * unique * slot_bytes(chunk)))
         params = {"path": str(d), "capacity": capacity,
@@ -162,11 +162,13 @@ def bench_l2(name: str, l2: dict, args) -> dict:
 
 def main() -> None:
     ap = C.parser(NAME, __doc__)
-    ap.add_argument("--sessions", type=int, default=12, help="first N WEKA sessions (12)")
-    ap.add_argument("--speedup", type=float, default=600.0, help="replay speed vs the trace (600)")
+    ap.add_argument("--sessions", type=int, default=6, help="first N WEKA sessions (6)")
+    ap.add_argument("--speedup", type=float, default=1000.0, help="replay speed vs the trace (1000)")
     ap.add_argument("--chunk-bytes", type=int, default=65408, help="bytes of one chunk (65408)")
-    ap.add_argument("--l1-share", type=float, default=0.1,
-                    help="DRAM for everyone, as a share of the unique chunks (0.1)")
+    ap.add_argument("--l1-share", type=float, default=0.2,
+                    help="DRAM for everyone, as a share of the unique chunks (0.2)")
+    ap.add_argument("--buffer-share", type=float, default=0.125,
+                    help="saria's DRAM buffer, as a share of that DRAM (0.125)")
     ap.add_argument("--capacity-x", type=float, default=1.5,
                     help="saria's SSD capacity, times the unique chunks (1.5)")
     ap.add_argument("--dwpd", type=float, default=0.3, help="the drive's rating for budget (0.3)")

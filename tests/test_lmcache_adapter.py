@@ -56,11 +56,13 @@ class Session:
 
     def settle(self) -> None:
         """Waits until LMCache's store controller has handed every chunk
-        written into L1 to the adapter, and saria's SSD writes have landed."""
+        written into L1 to the adapter, the adapter's store thread is done
+        with them, and saria's SSD writes have landed."""
         deadline = time.monotonic() + 30
         while self.adapter.store.counters["offered_chunks"] < self.drv.written:
             assert time.monotonic() < deadline, "the store controller did not hand chunks over"
             time.sleep(0.02)
+        self.adapter._store_pool.submit(lambda: None).result(timeout=30)  # FIFO, one thread
         self.adapter.store.flush()
 
     def drop_l1(self, hs: list[bytes]) -> None:
@@ -100,7 +102,9 @@ def test_chunks_stored_through_lmcache_come_back_byte_exact_from_saria(session):
     assert s.drv.request(a).written == 8
     s.settle()
     assert s.adapter.report_status()["ssd_writes"] == 8
-    assert set(s.counter.stored) == {s.drv.key(h) for h in a}   # LMCache's accounting
+    s.adapter.delete([])                             # publishes the last residency changes
+    # LMCache's accounting: all eight held (four moved from the buffer to the SSD)
+    assert set(s.counter.stored) == {s.drv.key(h) for h in a} and s.counter.deleted == 0
     s.drop_l1(a)
     r = s.drv.request(a)
     assert (r.l1_hits, r.l2_hits, r.mismatched) == (0, 8, 0)
@@ -170,9 +174,9 @@ def readme_l2_adapter(tmp_path) -> dict:
     text = README.read_text().split("## With LMCache", 1)[1]
     adapter = json.loads(re.search(r"--l2-adapter '(\{.*?\})'", text).group(1))
     p = adapter["adapter_params"]
-    p["path"] = [str(tmp_path / os.path.basename(d)) for d in p["path"]]
+    p["path"] = [str(tmp_path / os.path.relpath(d, "/mnt")) for d in p["path"]]
     for d in p["path"]:
-        os.makedirs(d)
+        os.makedirs(d)  # LMCache's drives exist before the server starts
     p["capacity"] = "128MiB"
     return adapter
 

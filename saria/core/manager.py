@@ -173,6 +173,12 @@ class CacheManager:
         if self.events is not None:
             self.events.removed(SSD, keys)
 
+    def writing(self, key: bytes) -> bool:
+        """Whether an SSD write of block `key` is in flight (an asynchronous
+        backend has it queued; the block is in no tier meanwhile unless DRAM
+        still holds it)."""
+        return key in self._pending
+
     def remove(self, keys: np.ndarray) -> int:
         """An owner's delete: every DRAM and SSD copy of the listed blocks
         (independent keys, any order, none locked) leaves the cache; their

@@ -10,33 +10,37 @@ How LMCache's calls become the core's block history:
 =======================  ====================================================
 LMCache                  saria
 =======================  ====================================================
-store (a chunk new to     ``store``: the chunk enters saria's DRAM buffer
-L1 is mirrored to every   (re-stores of a chunk saria holds change nothing);
-L2 at once)               admission decides on an SSD write when the buffer
+store (a chunk written    ``store``: the chunk enters saria's DRAM buffer (a
+to L1 is mirrored to      chunk saria holds or is writing is not taken again);
+every L2 at once)         admission decides on an SSD write when the buffer
                           evicts it, from the chunk's history
-lookup (L1 missed the     ``lookup`` + ``touch``: an access -- a reuse of the
-chunk; a request wants    chunk, a return gap -- hit or miss; a hit is locked
-it)                       until unlock
+lookup (LMCache 0.5.6's   ``lookup`` + ``touch``: an access -- a reuse of the
+prefetch asks every L2    chunk, a return gap -- hit or miss; a hit is locked
+for all of a request's    until unlock
+chunks, L1 hits too)
 load                      ``read`` of the locked copy (DRAM, or the SSD with
                           crc32c and key checked)
-unlock / remove           the lock is released / the chunk leaves saria
+unlock / delete           the lock is released / the chunk leaves saria
 =======================  ====================================================
 
-What saria cannot see from here: hits in LMCache's L1 (they never reach an
-L2, so reuse counts only L1 misses) and L1 evictions (LMCache tells no L2; a
-chunk that left L1 shows up only as a later lookup, or as a store again after
-it was recomputed). Admission therefore judges a chunk by the requests that
-missed L1 for it and by its evictions from saria's own buffer -- SARIA's
-``E2`` means: written on the second time the buffer drops it, i.e. once it
-came back after it was first dropped. Each chunk is its own path in the
+What saria cannot see from here: LMCache's L1 evictions (no L2 adapter is
+told), so when a chunk left L1 shows only as a later lookup that L1 cannot
+serve, or as a store of it again after it was recomputed. Admission judges a
+chunk by the requests that asked for it and by its evictions from saria's
+own buffer -- SARIA's ``E2`` means: written on the second time the buffer
+drops it, i.e. once LMCache stored it again after saria first let it go.
+(LMCache's in-engine mode asks the plugin only for chunks its CPU backend
+misses, so there reuse counts only those.) Each chunk is its own path in the
 radix index: LMCache's chunk hashes chain the prefix already, and a batch of
 keys does not say which chunk is the parent of which.
 
-Rows: a chunk of ``n`` bytes is stored as a 64-byte header (magic, ``n``)
-and the bytes, in a block of ``chunk_bytes + 64``; a smaller chunk (a
-request's last partial one) is padded. A load for a buffer of another size,
-a header that does not check out, or an SSD copy whose crc32c or key fails
-is a miss -- never wrong bytes; a failed SSD copy leaves the tier.
+Rows: a chunk of ``n`` bytes is stored as a 64-byte header (magic, ``n``,
+the first 16 bytes of its digest, 40 bytes of the caller's meta) and the
+bytes, in a block of ``chunk_bytes + 64``; a smaller chunk is padded. A load
+for a buffer of another size, a header that is not this chunk's, or an SSD
+copy whose crc32c or key fails is a miss -- never wrong bytes; a failed SSD
+copy leaves the tier. A store fills its slot under the cache's lock, so no
+lookup, load or admission sees a slot half written.
 """
 
 from __future__ import annotations
@@ -60,10 +64,12 @@ from saria.runtime.cache import CacheConfig, TieredCache
 log = logging.getLogger(__name__)
 
 DRAM, SSD = Tier.DRAM, Tier.SSD
-HEADER = 64
-_MAGIC = b"SARIALMC"
+HEADER = 64            # magic (4), length (4), digest[:16] (16), caller's meta (40)
+META_BYTES = 40
+_IN_FLIGHT = 0x80      # a pseudo-tier bit: an SSD write of the chunk is queued
+_MAGIC = b"SLMC"
 _META = "saria-lmcache.json"
-_FORMAT = 1
+_FORMAT = 2
 _MIN_BUFFER_CHUNKS = 4
 
 
@@ -87,6 +93,9 @@ class ChunkStore:
         self._held: dict[bytes, list[list]] = {}  # digest -> [spec, failed] per lock
         self._where: dict[bytes, int] = {}     # digest -> tier bits while resident
         self._busy: Counter[bytes] = Counter()  # digest -> loads reading it now
+        self._in_flight: set[bytes] = set()    # resident only as a queued SSD write
+        self._cancelled: set[bytes] = set()    # removed while their SSD write was queued
+        self._changes = Changes()
         chunk = params.chunk_bytes
         saved = _read_meta(params.dirs[0])
         if saved is not None and chunk is not None and saved != chunk:
@@ -108,9 +117,11 @@ class ChunkStore:
 
     def put(self, digests: list[bytes], bufs: list, metas: list[bytes] | None = None) -> list[int]:
         """Chunks into saria's DRAM buffer (admission may write them to the
-        SSD later), each with up to 48 bytes of the caller's `metas` kept in
-        its header (``fetch`` returns them). Returns the bytes taken per
-        chunk: 0 for one saria already holds, or one larger than a chunk."""
+        SSD later), each with up to 40 bytes of the caller's `metas` kept in
+        its header (``fetch`` returns them). A digest names one content
+        (LMCache's keys are content hashes): a chunk saria holds, or is
+        writing to the SSD, is not taken again. Returns the bytes taken per
+        chunk (0: held already, or larger than a chunk)."""
         views = [_u8(b) for b in bufs]
         metas = metas or [b""] * len(views)
         if self._cache is None and views:
@@ -119,10 +130,9 @@ class ChunkStore:
                     self._open(max(v.size for v in views))
         cache = self._cache
         out = []
-        self._count(offered_chunks=len(views))
         for d, v, meta in zip(digests, views, metas, strict=True):
-            if len(meta) > HEADER - 16:
-                raise ValueError(f"a chunk's meta is at most {HEADER - 16} bytes, got {len(meta)}")
+            if len(meta) > META_BYTES:
+                raise ValueError(f"a chunk's meta is at most {META_BYTES} bytes, got {len(meta)}")
             if v.size > cache.cfg.block_bytes - HEADER:
                 if self._count(too_large=1) == 1:
                     log.warning("saria: a %d B chunk is larger than the store's %d B chunks; not "
@@ -131,44 +141,49 @@ class ChunkStore:
                 out.append(0)
                 continue
             key = _key(d)
-            if cache.lookup(key).num_available:  # held (DRAM or SSD): same key, same bytes
-                out.append(0)
-                continue
-            spec = cache.prepare_store(key, 0, direct=True)
-            rows = None
-            if spec.num_blocks:
-                _fill(cache.backend.pool.view(int(spec.slots[0])), v, meta)
-            elif spec.direct.size:  # DRAM is all locked: write-through admission decides
-                rows = np.zeros((1, cache.cfg.block_bytes), np.uint8)
-                _fill(rows[0], v, meta)
-            taken = spec.num_blocks + spec.direct.size
-            cache.complete_store(spec, direct_rows=rows)
-            self._count(stored_chunks=int(bool(taken)), stored_bytes=v.size if taken else 0)
+            taken = 0
+            with cache.holding():  # filled before any other thread can see the slot
+                if not cache.lookup(key).num_available and not cache.writing(d):
+                    spec = cache.prepare_store(key, 0, direct=True)
+                    rows = None
+                    if spec.num_blocks:
+                        _fill(cache.backend.pool.view(int(spec.slots[0])), d, v, meta)
+                    elif spec.direct.size:  # DRAM is all locked: write-through admission decides
+                        rows = np.zeros((1, cache.cfg.block_bytes), np.uint8)
+                        _fill(rows[0], d, v, meta)
+                    taken = spec.num_blocks + spec.direct.size
+                    cache.complete_store(spec, direct_rows=rows)
             out.append(v.size if taken else 0)
+        self._count(offered_chunks=len(views), stored_chunks=sum(1 for n in out if n),
+                    stored_bytes=sum(out))
         self._drain()
         return out
 
     def lookup_lock(self, digests: list[bytes]) -> list[bool]:
         """A request wants these chunks: records the access and locks the ones
-        saria holds until ``unlock``."""
+        saria holds until ``unlock``. Raises only after releasing what it
+        locked."""
         cache = self._cache
-        out = []
-        for d in digests:
-            self._count(lookups=1)
-            if cache is None:
-                out.append(False)
-                continue
-            key = _key(d)
-            hit = cache.lookup(key).num_available > 0
-            cache.touch(key, hits=int(hit))
-            spec = cache.prepare_load(key, 1) if hit else None
-            if spec is None or spec.num_blocks == 0:
-                out.append(False)
-                continue
-            with self._lock:
-                self._held.setdefault(d, []).append([spec, False])
-            self._count(lookup_hits=1)
-            out.append(True)
+        out: list[bool] = []
+        self._count(lookups=len(digests))
+        if cache is None:
+            return [False] * len(digests)
+        taken = []
+        try:
+            for d in digests:
+                key = _key(d)
+                with self._lock:  # locked and registered in one step, as remove() looks
+                    hit = cache.lookup(key).num_available > 0
+                    cache.touch(key, hits=int(hit))
+                    spec = cache.prepare_load(key, 1) if hit else None
+                    if spec is not None and spec.num_blocks:
+                        self._held.setdefault(d, []).append([spec, False])
+                        taken.append(d)
+                out.append(bool(spec is not None and spec.num_blocks))
+        except BaseException:
+            self.unlock(taken)
+            raise
+        self._count(lookup_hits=len(taken))
         self._drain()
         return out
 
@@ -194,7 +209,7 @@ class ChunkStore:
         return out
 
     def fetch(self, digest: bytes) -> tuple[bytes, np.ndarray] | None:
-        """One chunk's meta (48 bytes, zero-padded) and a copy of its bytes,
+        """One chunk's meta (40 bytes, zero-padded) and a copy of its bytes,
         through a ``lookup_lock`` lock when there is one; None on a miss."""
         if self._cache is None:
             return None
@@ -219,14 +234,21 @@ class ChunkStore:
 
     def remove(self, digests: list[bytes]) -> list[bytes]:
         """Chunks leave saria, except ones a lookup holds locked or a load is
-        reading. Returns the digests removed."""
+        reading (a store in progress holds the cache's lock, so it is never
+        cut in half). A chunk on its way to the SSD is dropped when its write
+        lands. Returns the digests removed."""
         cache = self._cache
         gone = []
         if cache is None:
             return gone
-        with self._lock:  # no get() can start on these meanwhile
+        with self._lock:  # no lookup or get can take these meanwhile
             for d in digests:
-                if d not in self._held and d not in self._busy and cache.remove(_key(d)):
+                if d in self._held or d in self._busy:
+                    continue
+                writing = cache.writing(d)
+                if writing:
+                    self._cancelled.add(d)
+                if cache.remove(_key(d)) or writing:
                     gone.append(d)
         self._drain()
         return gone
@@ -271,8 +293,6 @@ class ChunkStore:
 
     # ------------------------------------------------------------ helpers
 
-    _changes: Changes
-
     def _count(self, **by: int) -> int:
         """Adds to the counters (tasks run on several threads); returns the
         last one's new value."""
@@ -292,7 +312,6 @@ class ChunkStore:
                         p.dram_bytes, _MIN_BUFFER_CHUNKS, chunk, dram)
         for d in p.dirs:
             os.makedirs(d, exist_ok=True)
-        self._changes = Changes()
         self._cache = TieredCache(CacheConfig(
             block_bytes=block, dram_bytes=dram, ssd_dirs=p.dirs, ssd_bytes=p.bytes_per_drive,
             admission=p.admission, promotion="none", dwpd=p.dwpd, write_queue=p.write_queue,
@@ -323,28 +342,29 @@ class ChunkStore:
             spec = entry[0]
         else:  # lookup() first: it adopts a copy a previous store left on the drive
             spec = cache.prepare_load(_key(d), 1) if cache.lookup(_key(d)).num_available else None
-        if spec is None or spec.num_blocks == 0:
-            return None if dst is None else False
-        got, row = self._row(spec)
-        n = _check(row) if got == "ok" else -1
-        if got == "ok" and n < 0:
-            got = "bad" if spec.tiers[0] == SSD else "miss"
-        if got == "ok" and dst is not None and n != dst.size:
-            self._count(size_mismatches=1)
-            got = "miss"
-        if got == "ok":
-            if dst is None:
-                out = (row[16:HEADER].tobytes(), row[HEADER:HEADER + n].copy())
+            if spec is None or spec.num_blocks == 0:
+                return None if dst is None else False
+        got, out = "miss", (None if dst is None else False)
+        try:
+            got, row = self._row(spec)
+            n = _check(row, d) if got == "ok" else -1
+            if got == "ok" and n < 0:
+                got = "bad" if spec.tiers[0] == SSD else "miss"
+            if got == "ok" and dst is not None and n != dst.size:
+                self._count(size_mismatches=1)
+                got = "miss"
+            if got == "ok":
+                if dst is None:
+                    out = (row[24:HEADER].tobytes(), row[HEADER:HEADER + n].copy())
+                else:
+                    dst[:] = row[HEADER:HEADER + n]
+                    out = True
+        finally:
+            failed = got == "bad"
+            if entry:
+                entry[1] = entry[1] or failed  # the SSD copy is dropped at unlock
             else:
-                dst[:] = row[HEADER:HEADER + n]
-                out = True
-        else:
-            out = None if dst is None else False
-        failed = got == "bad"
-        if entry:
-            entry[1] = entry[1] or failed  # the SSD copy is dropped at unlock
-        else:
-            cache.complete_load(spec, np.zeros(1, np.int64) if failed else None)
+                cache.complete_load(spec, np.zeros(1, np.int64) if failed else None)
         return out
 
     def _row(self, spec: LoadSpec) -> tuple[str, np.ndarray | None]:
@@ -360,26 +380,45 @@ class ChunkStore:
         return "ok", rows[0]
 
     def _drain(self) -> None:
-        """Turns the core's residency events into chunks added / removed."""
+        """Turns the core's residency events into chunks added / removed, net
+        per chunk: a DRAM victim on its way to the SSD stays (an SSD write in
+        flight counts as a tier until it lands or fails)."""
         cache = self._cache
         if cache is None:
             return
-        events = cache.take_events()
-        if not events:
-            return
         with self._lock:
+            events = cache.take_events()
+            if not events and not self._in_flight:
+                return
+            before: dict[bytes, int] = {}
             for ev in events:
                 for k in ev.keys:
+                    if ev.kind == "stored" and ev.tier == SSD and k in self._cancelled:
+                        self._cancelled.discard(k)  # removed while it was being written
+                        cache.remove(_key(k))
+                        continue
                     was = self._where.get(k, 0)
+                    before.setdefault(k, was)
                     now = was | ev.tier.bit if ev.kind == "stored" else was & ~ev.tier.bit
-                    if now:
-                        self._where[k] = now
-                    else:
-                        self._where.pop(k, None)
-                    if not was and now:
-                        self._changes.added.append(k)
-                    elif was and not now:
-                        self._changes.removed.append(k)
+                    if ev.kind == "stored":
+                        now &= ~_IN_FLIGHT
+                    self._where[k] = now
+            for k in list(self._in_flight):  # writes that landed, failed or were dropped
+                if not cache.writing(k):
+                    self._in_flight.discard(k)
+                    before.setdefault(k, self._where.get(k, 0))
+                    self._where[k] = self._where.get(k, 0) & ~_IN_FLIGHT
+            for k, was in before.items():
+                now = self._where.get(k, 0)
+                if not now and cache.writing(k):
+                    now = self._where[k] = _IN_FLIGHT
+                    self._in_flight.add(k)
+                if not now:
+                    self._where.pop(k, None)
+                if not was and now:
+                    self._changes.added.append(k)
+                elif was and not now:
+                    self._changes.removed.append(k)
 
 
 def _key(digest: bytes) -> np.ndarray:
@@ -392,19 +431,21 @@ def _u8(buf) -> np.ndarray:
     return np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf.reshape(-1).view(np.uint8)
 
 
-def _fill(row: np.ndarray, payload: np.ndarray, meta: bytes) -> None:
-    row[:8] = np.frombuffer(_MAGIC, np.uint8)
-    row[8:16] = np.frombuffer(np.uint64(payload.size).tobytes(), np.uint8)
-    row[16:HEADER] = 0
-    row[16:16 + len(meta)] = np.frombuffer(meta, np.uint8)
+def _fill(row: np.ndarray, digest: bytes, payload: np.ndarray, meta: bytes) -> None:
+    row[:4] = np.frombuffer(_MAGIC, np.uint8)
+    row[4:8] = np.frombuffer(np.uint32(payload.size).tobytes(), np.uint8)
+    row[8:24] = np.frombuffer(digest[:16], np.uint8)
+    row[24:HEADER] = 0
+    row[24:24 + len(meta)] = np.frombuffer(meta, np.uint8)
     row[HEADER:HEADER + payload.size] = payload
 
 
-def _check(row: np.ndarray) -> int:
-    """The payload length a row's header states, or -1 if it is no chunk row."""
-    if row[:8].tobytes() != _MAGIC:
+def _check(row: np.ndarray, digest: bytes) -> int:
+    """The payload length a row's header states, or -1 if it is not chunk
+    `digest`'s row."""
+    if row[:4].tobytes() != _MAGIC or row[8:24].tobytes() != digest[:16]:
         return -1
-    n = int(np.frombuffer(row[8:16].tobytes(), np.uint64)[0])
+    n = int(np.frombuffer(row[4:8].tobytes(), np.uint32)[0])
     return n if n <= row.size - HEADER else -1
 
 

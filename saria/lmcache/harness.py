@@ -57,7 +57,8 @@ def l2_adapter(sm: StorageManager):
 
 
 class StoreCounter(L2AdapterListener):
-    """Counts what the L2 adapters report stored, accessed and deleted."""
+    """What the L2 adapters report held: ``stored`` maps the keys stored and
+    not deleted since to their sizes; ``deleted`` counts deletions."""
 
     def __init__(self) -> None:
         self.stored: dict[ObjectKey, int] = {}
@@ -76,6 +77,8 @@ class StoreCounter(L2AdapterListener):
     def on_l2_keys_deleted(self, keys) -> None:
         with self.cv:
             self.deleted += len(keys)
+            for k in keys:
+                self.stored.pop(k, None)
 
 
 @dataclass

@@ -13,7 +13,10 @@ it (DRAM buffer or SSD) until it leaves saria, reported with the key LMCache
 stored it under; chunks recovered from the drives after a restart are served
 but not counted (LMCache's key is not on the drive, only its digest). The
 adapter declares no capacity to LMCache: saria evicts by itself (the SSD
-tier's LRU), so LMCache's own L2 eviction controller stays off for it.
+tier's LRU), so LMCache's global L2 eviction stays off for it (a per-salt
+quota policy may still call ``delete``). Locks have no lease: a lookup
+LMCache never unlocks (it aborted a request mid-way) keeps its chunks until
+the adapter closes.
 """
 
 from __future__ import annotations
@@ -146,6 +149,9 @@ class SariaL2Adapter(L2AdapterInterface):
             return self._loads.pop(task_id, None)
 
     def delete(self, keys: list[ObjectKey]) -> None:
+        """LMCache's L2 eviction (a per-cache_salt quota policy; saria declares
+        no capacity, so LMCache's global eviction stays off): the chunks leave
+        saria unless a lookup holds them."""
         self.store.remove([object_key_digest(k) for k in keys])
         self._publish()
 
@@ -167,7 +173,7 @@ class SariaL2Adapter(L2AdapterInterface):
     # -------------------------------------------------------------- helpers
 
     def _run_store(self, task: L2TaskId, keys: list, objects: list) -> None:
-        ok, taken = True, 0
+        ok, taken = False, 0
         try:
             digests = [object_key_digest(k) for k in keys]
             bufs = [o.byte_array for o in objects]
@@ -181,13 +187,14 @@ class SariaL2Adapter(L2AdapterInterface):
                 for d, n in zip(digests, sizes):
                     if not n and d in new:
                         self._names.pop(d, None)
+            ok = True
+            self._publish()
         except Exception:
             logger.exception("saria L2 adapter: store task %d failed", task)
-            ok = False
-        self._publish()
-        with self._lock:
-            self._stores[task] = L2StoreResult(ok, taken)
-        self._store_efd.notify()
+        finally:  # LMCache waits for every task's result: it always comes
+            with self._lock:
+                self._stores[task] = L2StoreResult(ok, taken)
+            self._store_efd.notify()
 
     def _run_lookup(self, task: L2TaskId, keys: list) -> None:
         bitmap = Bitmap(len(keys))
@@ -195,11 +202,13 @@ class SariaL2Adapter(L2AdapterInterface):
             for i, hit in enumerate(self.store.lookup_lock([object_key_digest(k) for k in keys])):
                 if hit:
                     bitmap.set(i)
-        except Exception:
+        except Exception:  # lookup_lock released what it locked: all misses
             logger.exception("saria L2 adapter: lookup task %d failed", task)
-        with self._lock:
-            self._lookups[task] = bitmap
-        self._lookup_efd.notify()
+            bitmap = Bitmap(len(keys))
+        finally:
+            with self._lock:
+                self._lookups[task] = bitmap
+            self._lookup_efd.notify()
 
     def _run_load(self, task: L2TaskId, keys: list, objects: list) -> None:
         bitmap = Bitmap(len(keys))
@@ -209,14 +218,15 @@ class SariaL2Adapter(L2AdapterInterface):
             for i, ok in enumerate(got):
                 if ok:
                     bitmap.set(i)
+            loaded = [keys[i] for i in bitmap.get_indices_list()]
+            if loaded:
+                self._notify_keys_accessed(loaded)
         except Exception:
             logger.exception("saria L2 adapter: load task %d failed", task)
-        loaded = [keys[i] for i in bitmap.get_indices_list()]
-        if loaded:
-            self._notify_keys_accessed(loaded)
-        with self._lock:
-            self._loads[task] = bitmap
-        self._load_efd.notify()
+        finally:
+            with self._lock:
+                self._loads[task] = bitmap
+            self._load_efd.notify()
 
     def _publish(self) -> None:
         """LMCache's accounting follows saria's residency: chunks that entered

@@ -26,8 +26,10 @@ header.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
+import math
 import struct
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -57,7 +59,7 @@ def engine_key_digest(key: "CacheEngineKey") -> bytes:
 
 
 def encode_meta(shape: Sequence[int], dtype: torch.dtype, fmt: MemoryFormat) -> bytes:
-    if len(shape) > 10 or dtype not in _DTYPES:
+    if len(shape) > 9 or dtype not in _DTYPES:
         raise ValueError(f"saria cannot keep a chunk of shape {tuple(shape)} and dtype {dtype}")
     return struct.pack(f"<BBB{len(shape)}I", int(fmt.value), _DTYPES.index(dtype), len(shape),
                        *shape)
@@ -67,6 +69,16 @@ def decode_meta(meta: bytes) -> tuple[torch.Size, torch.dtype, MemoryFormat]:
     fmt, dt, ndim = struct.unpack_from("<BBB", meta)
     shape = struct.unpack_from(f"<{ndim}I", meta, 3)
     return torch.Size(shape), _DTYPES[dt], MemoryFormat(fmt)
+
+
+def _chunk_bytes(metadata) -> int | None:
+    """Bytes of one full chunk of the engine's layout (LMCache's
+    ``metadata.get_shapes()`` and ``kv_dtype``), or None if it cannot tell."""
+    try:
+        return sum(math.prod(s) * d.itemsize
+                   for s, d in zip(metadata.get_shapes(), metadata.get_dtypes(), strict=True)) or None
+    except (AttributeError, TypeError):
+        return None
 
 
 def plugin_params(extra: dict | None, class_name: str = "SariaStoragePlugin") -> dict:
@@ -95,6 +107,8 @@ class SariaStoragePlugin(StoragePluginInterface):
         except ConfigError as e:
             log.error("saria storage plugin not started: %s", e)
             raise
+        if params.chunk_bytes is None and metadata is not None:  # a full chunk, from the model
+            params = dataclasses.replace(params, chunk_bytes=_chunk_bytes(metadata))
         self.store = ChunkStore(params)
 
     def __str__(self) -> str:
@@ -152,12 +166,18 @@ class SariaStoragePlugin(StoragePluginInterface):
 
     async def batched_get_non_blocking(self, lookup_id: str, keys: list[CacheEngineKey],
                                        transfer_spec: Any = None) -> list[MemoryObj]:
+        """The hits' prefix, as LMCache expects. LMCache's asynchronous path
+        leaves unpinning to the backend: every key ``batched_async_contains``
+        pinned is unpinned here, read or not."""
         out = []
-        for k in keys:  # the hits' prefix, as LMCache expects
-            obj = self.get_blocking(k)
-            if obj is None:
-                break
-            out.append(obj)
+        try:
+            for k in keys:
+                obj = self.get_blocking(k)
+                if obj is None:
+                    break
+                out.append(obj)
+        finally:
+            self.store.unlock([engine_key_digest(k) for k in keys])
         return out
 
     # ---------------------------------------------------------------- misc

@@ -199,6 +199,16 @@ class TieredCache:
         with self._lock:
             return self.manager.remove(keys)
 
+    def writing(self, key: bytes) -> bool:
+        with self._lock:
+            return self.manager.writing(key)
+
+    def holding(self) -> threading.RLock:
+        """The cache's lock, for a caller that makes several verbs one step
+        (``with cache.holding(): spec = prepare_store(...); fill; complete``):
+        no other thread sees the slots in between."""
+        return self._lock
+
     def place(self, keys: np.ndarray, tier: Tier, *, session: int = 0) -> int:
         with self._lock:
             return self.manager.place(keys, tier, session=session)
