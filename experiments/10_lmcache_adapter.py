@@ -51,9 +51,9 @@ CONFIGS = ("fs", "saria:full-duplicate", "saria:saria", "saria:budget")
 def chunk_stream(sessions: int, limit: int | None):
     """[(trace time, [chunk hash, ...]), ...] in arrival order."""
     from saria.keys.trace import trace_block_keys
-    from saria.traces import ArrivalModel, bundled_trace, load_trace, schedule
+    from saria.traces import ArrivalModel, schedule
 
-    trace = load_trace(bundled_trace("weka"), limit_sessions=sessions)
+    trace = C.load_weka(sessions)
     out = []
     for sr in schedule(trace, ArrivalModel.from_spec(C.WEKA_ARRIVALS))[:limit]:
         r = sr.request
@@ -99,7 +99,8 @@ def replay(config: str, stream, unique: int, args, tmp: Path) -> dict:
         counter = StoreCounter()
         sm.register_l2_listener(counter)
         drv = MPDriver(sm, chunk, fill_from_hash)
-        tot = {"chunks": 0, "l1_hits": 0, "l2_hits": 0, "written": 0, "mismatched": 0}
+        tot = {"chunks": 0, "l1_hits": 0, "l2_hits": 0, "recomputed": 0, "written": 0,
+               "mismatched": 0}
         t0, lag = time.monotonic(), 0.0
         for i, (t, hashes) in enumerate(stream):
             due = t0 + (t - stream[0][0]) / args.speedup
@@ -113,6 +114,7 @@ def replay(config: str, stream, unique: int, args, tmp: Path) -> dict:
             tot["chunks"] += len(hashes)
             for k in ("l1_hits", "l2_hits", "written", "mismatched"):
                 tot[k] += getattr(r, k)
+            tot["recomputed"] += len(hashes) - r.l1_hits - r.l2_hits  # past the hit prefix
             if args.progress and i % 200 == 0:
                 print(f"  {config}: {i}/{len(stream)} requests", file=sys.stderr, flush=True)
         wall = time.monotonic() - t0
@@ -160,6 +162,16 @@ def bench_l2(name: str, l2: dict, args) -> dict:
     return row
 
 
+def _read_runs(path: Path) -> list[dict]:
+    import csv
+
+    if not path.exists():
+        C.fail(f"--bench-only needs the replays of an earlier run: {path} is missing")
+    with open(path, newline="") as f:
+        return [{k: (float(v) if k.endswith("_s") else int(v)) if k != "config" else v
+                 for k, v in r.items()} for r in csv.DictReader(f)]
+
+
 def main() -> None:
     ap = C.parser(NAME, __doc__)
     ap.add_argument("--sessions", type=int, default=6, help="first N WEKA sessions (6)")
@@ -176,6 +188,8 @@ def main() -> None:
     ap.add_argument("--bench-keys", type=int, default=256, help="lmcache bench l2 keys (256)")
     ap.add_argument("--bench-kib", type=int, default=1024, help="lmcache bench l2 KiB per key")
     ap.add_argument("--progress", action="store_true", help="requests done, on stderr")
+    ap.add_argument("--bench-only", action="store_true",
+                    help="only lmcache bench l2; the replays from --out's runs.csv")
     args = ap.parse_args()
     t_start, plt = C.start(args)
     try:
@@ -184,41 +198,48 @@ def main() -> None:
         C.fail("LMCache is not installed: pip install 'saria[lmcache]'")
     if args.quick:
         args.sessions, args.reps, args.bench_keys, args.bench_kib = 2, 1, 32, 256
+        args.speedup = 5000.0
     stream = chunk_stream(args.sessions, 150 if args.quick else None)
     unique = len({h for _, hs in stream for h in hs})
     print(f"{len(stream)} requests, {sum(len(h) for _, h in stream)} chunk references, "
           f"{unique} unique chunks, trace span {stream[-1][0] - stream[0][0]:.0f} s", flush=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="saria-e10-", dir=os.environ.get("SARIA_E10_DIR")) as tmp:
-        for rep in range(args.reps):
+        if args.bench_only:  # the replays of an earlier run in --out
+            runs = _read_runs(args.out / "runs.csv")
+        for rep in range(0 if args.bench_only else args.reps):
             for config in CONFIGS:
                 row = {"rep": rep, **replay(config, stream, unique, args, Path(tmp))}
                 print(json.dumps(row), flush=True)
                 runs.append(row)
+            C.write_csv(args.out / "runs.csv", runs, list(runs[0]))
         chunk = args.bench_kib << 10
         benches = []
         for rep in range(args.reps):
             for name, l2 in (
                 ("fs", {"type": "fs", "base_path": f"{tmp}/b-fs"}),
                 ("fs O_DIRECT", {"type": "fs", "base_path": f"{tmp}/b-fsd", "use_odirect": True}),
+                # saria's buffer holds the benchmark's chunks (as fs's page cache
+                # does): with a buffer smaller than a round, loads right after
+                # the stores miss chunks whose SSD write is still queued.
                 ("saria", {"type": "plugin", "module_path": "saria.lmcache",
                            "class_name": "SariaL2Adapter", "adapter_params": {
                                "path": f"{tmp}/b-saria", "admission": "full-duplicate",
                                "capacity": 2 * args.bench_keys * slot_bytes(chunk),
-                               "dram": "1MiB", "chunk_bytes": chunk}})):
+                               "dram": 2 * args.bench_keys * (chunk + 64),
+                               "chunk_bytes": chunk}})):
                 for sub in ("b-fs", "b-fsd", "b-saria"):
                     shutil.rmtree(f"{tmp}/{sub}", ignore_errors=True)
                 row = {"rep": rep, **bench_l2(name, l2, args)}
                 print(json.dumps(row), flush=True)
                 benches.append(row)
-    C.write_csv(args.out / "runs.csv", list(runs[0]), [list(r.values()) for r in runs])
-    C.write_csv(args.out / "bench_l2.csv", list(benches[0]), [list(r.values()) for r in benches])
+    C.write_csv(args.out / "bench_l2.csv", benches, list(benches[0]))
     med = {}
     for config in CONFIGS:
         rs = [r for r in runs if r["config"] == config]
         med[config] = {k: statistics.median(r[k] for r in rs)
                        for k in ("ssd_bytes_written", "ssd_chunks_written", "l2_hits", "l1_hits",
-                                 "chunks", "mismatched", "max_lag_s", "wall_s")}
+                                 "recomputed", "chunks", "mismatched", "max_lag_s", "wall_s")}
     bmed = {}
     for name in ("fs", "fs O_DIRECT", "saria"):
         bs = [b for b in benches if b["adapter"] == name]
@@ -235,9 +256,11 @@ def main() -> None:
     a1.set_ylabel("SSD MB written (median)")
     a2.bar(labels, [med[c]["l2_hits"] for c in CONFIGS], color="#dd8452")
     a2.set_ylabel("chunks served by L2 (median)")
-    C.save_figure(fig, f"LMCache MP, WEKA {args.sessions} sessions: fs vs saria adapter",
-                  args.out / "lmcache_adapter.png")
+    png = C.save_figure(fig, f"LMCache MP, WEKA {args.sessions} sessions: fs vs saria adapter",
+                        args.out / "lmcache_adapter.png")
     print(json.dumps(summary["writes_vs_fs"]), json.dumps(bmed))
+    C.done(t_start, [args.out / "runs.csv", args.out / "bench_l2.csv",
+                     args.out / "summary.json", png])
 
 
 if __name__ == "__main__":

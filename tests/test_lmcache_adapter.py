@@ -233,3 +233,30 @@ def test_lmcache_server_refuses_a_bad_param_by_name(tmp_path, params, message):
     out = p.communicate(timeout=120)[0]
     assert p.returncode != 0
     assert message in out, out[-3000:]
+
+
+@pytest.mark.slow
+def test_experiment_10_runs_quick(tmp_path):
+    """experiments/10_lmcache_adapter.py --quick, as a user runs it: every
+    configuration replays the same chunks, no hit returns wrong bytes, fs and
+    saria's full duplicate write every chunk, E2 fewer."""
+    import csv
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, str(root / "experiments" / "10_lmcache_adapter.py"),
+                          "--quick", "--out", str(out)], cwd=root, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    with open(out / "runs.csv", newline="") as f:
+        runs = {r["config"]: r for r in csv.DictReader(f)}
+    assert set(runs) == {"fs", "saria:full-duplicate", "saria:saria", "saria:budget"}
+    assert len({r["chunks"] for r in runs.values()}) == 1
+    assert all(r["mismatched"] == "0" for r in runs.values())
+    fs, fd, e2 = runs["fs"], runs["saria:full-duplicate"], runs["saria:saria"]
+    for r in (fs, fd):  # every chunk stored into L1 reaches the drive, once
+        assert 0 < int(r["ssd_chunks_written"]) <= int(r["written"])
+    assert int(e2["ssd_chunks_written"]) < int(fd["ssd_chunks_written"])
+    with open(out / "bench_l2.csv", newline="") as f:
+        assert {r["adapter"] for r in csv.DictReader(f)} == {"fs", "fs O_DIRECT", "saria"}
+    assert (out / "lmcache_adapter.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
