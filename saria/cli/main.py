@@ -20,6 +20,7 @@ _COMMANDS = (
     "saria.cli.traces_cmd",
     "saria.cli.bench_cmd",
     "saria.cli.serve_cmd",
+    "saria.cli.lmcache_cmd",
 )
 
 

@@ -121,3 +121,18 @@ def _size(value: Any, key: str) -> int:
     if n != int(n) or n < 0:
         raise ConfigError(key, f"must be a whole number of bytes, got {value!r}")
     return int(n)
+
+
+def plugin_params(extra: dict | None, class_name: str = "SariaStoragePlugin") -> tuple[str, dict]:
+    """The name of the one ``storage_plugin.<name>.class_name`` entry of
+    LMCache's ``extra_config`` naming `class_name`, and its other
+    ``storage_plugin.<name>.*`` keys (without the loader's two)."""
+    extra = extra or {}
+    names = [k[len("storage_plugin."):-len(".class_name")] for k, v in extra.items()
+             if k.startswith("storage_plugin.") and k.endswith(".class_name") and v == class_name]
+    if len(names) != 1:
+        raise ConfigError("storage_plugins", f"{len(names)} entries name {class_name}; saria "
+                          "needs exactly one (storage_plugin.<name>.class_name)")
+    prefix = f"storage_plugin.{names[0]}."
+    return names[0], {k[len(prefix):]: v for k, v in extra.items()
+                      if k.startswith(prefix) and k[len(prefix):] not in ("module_path", "class_name")}

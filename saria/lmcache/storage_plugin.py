@@ -39,7 +39,7 @@ from lmcache.v1.storage_backend.abstract_backend import StoragePluginInterface
 
 from saria.errors import ConfigError
 from saria.lmcache.chunks import ChunkStore
-from saria.lmcache.params import AdapterParams
+from saria.lmcache.params import AdapterParams, plugin_params
 
 if TYPE_CHECKING:
     from lmcache.utils import CacheEngineKey
@@ -81,20 +81,6 @@ def _chunk_bytes(metadata) -> int | None:
         return None
 
 
-def plugin_params(extra: dict | None, class_name: str = "SariaStoragePlugin") -> dict:
-    """The ``storage_plugin.<name>.*`` keys of the one plugin entry naming
-    `class_name`, without the loader's own two."""
-    extra = extra or {}
-    names = [k[len("storage_plugin."):-len(".class_name")] for k, v in extra.items()
-             if k.startswith("storage_plugin.") and k.endswith(".class_name") and v == class_name]
-    if len(names) != 1:
-        raise ConfigError("storage_plugins", f"{len(names)} entries name {class_name}; saria "
-                          "needs exactly one (storage_plugin.<name>.class_name)")
-    prefix = f"storage_plugin.{names[0]}."
-    return {k[len(prefix):]: v for k, v in extra.items()
-            if k.startswith(prefix) and k[len(prefix):] not in ("module_path", "class_name")}
-
-
 class SariaStoragePlugin(StoragePluginInterface):
     """LMCache storage plugin over a ``ChunkStore``; thread-safe."""
 
@@ -103,7 +89,8 @@ class SariaStoragePlugin(StoragePluginInterface):
         super().__init__(dst_device=dst_device, config=config, metadata=metadata,
                          local_cpu_backend=local_cpu_backend, loop=loop)
         try:
-            params = AdapterParams.from_dict(plugin_params(getattr(config, "extra_config", None)))
+            _, keys = plugin_params(getattr(config, "extra_config", None))
+            params = AdapterParams.from_dict(keys)
         except ConfigError as e:
             log.error("saria storage plugin not started: %s", e)
             raise
