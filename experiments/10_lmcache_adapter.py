@@ -213,6 +213,8 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 runs.append(row)
             C.write_csv(args.out / "runs.csv", runs, list(runs[0]))
+        from saria.lmcache.chunks import HEADER
+
         chunk = args.bench_kib << 10
         benches = []
         for rep in range(args.reps):
@@ -226,10 +228,10 @@ def main() -> None:
                            "class_name": "SariaL2Adapter", "adapter_params": {
                                "path": f"{tmp}/b-saria", "admission": "full-duplicate",
                                "capacity": 2 * args.bench_keys * slot_bytes(chunk),
-                               "dram": 2 * args.bench_keys * (chunk + 64),
+                               "dram": 2 * args.bench_keys * (chunk + HEADER),
                                "chunk_bytes": chunk}})):
-                for sub in ("b-fs", "b-fsd", "b-saria"):
-                    shutil.rmtree(f"{tmp}/{sub}", ignore_errors=True)
+                shutil.rmtree(l2.get("base_path") or l2["adapter_params"]["path"],
+                              ignore_errors=True)  # each run starts on an empty directory
                 row = {"rep": rep, **bench_l2(name, l2, args)}
                 print(json.dumps(row), flush=True)
                 benches.append(row)

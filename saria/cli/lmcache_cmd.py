@@ -59,7 +59,7 @@ def _l2_adapter(text: str):
         raise ConfigError("--l2-adapter", f"not JSON: {e}") from None
     if not isinstance(d, dict) or d.get("type") != "plugin":
         raise ConfigError("--l2-adapter", 'saria\'s adapter is {"type": "plugin", ...}')
-    _check_class(d.get("class_name"), d.get("module_path"), "SariaL2Adapter", "class_name")
+    _check_class(d.get("class_name"), d.get("module_path"), "SariaL2Adapter", "module_path")
     return AdapterParams.from_dict(d.get("adapter_params", {}))
 
 
@@ -95,12 +95,13 @@ def _yaml(path: Path):
     return f"storage plugin {name!r}", AdapterParams.from_dict(params)
 
 
-def _check_class(cls, module, want: str, key: str) -> None:
+def _check_class(cls, module, want: str, module_key: str) -> None:
+    """`cls` must be saria's class `want`, and `module` (named by the config key
+    `module_key`) a module that exports it."""
     if cls != want:
         raise ConfigError("class_name", f"is {cls!r}, saria's is {want!r}")
     if module not in _CLASSES[want]:
-        raise ConfigError(key if key != "class_name" else "module_path",
-                          f"is {module!r}; use {_CLASSES[want][0]!r}")
+        raise ConfigError(module_key, f"is {module!r}; use {_CLASSES[want][0]!r}")
 
 
 def _describe(name: str, p, default_chunk: str) -> None:
