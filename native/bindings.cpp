@@ -90,20 +90,22 @@ NB_MODULE(_native, m) {
           "match",
           [](const RadixCore& c, KeyArray keys) {
             size_t n = keys.shape(0);
-            std::vector<uint8_t> masks(n), ckpt(n);
+            std::vector<uint8_t> masks(n), ckpt(n), fill(n);
             std::vector<uint32_t> slots(n);
             saria::MatchResult r;
             {
               nb::gil_scoped_release rel;
-              r = c.match(keys.data(), n, masks.data(), slots.data(), ckpt.data());
+              r = c.match(keys.data(), n, masks.data(), slots.data(), ckpt.data(), fill.data());
             }
             size_t k = r.n_known;
             masks.resize(k);
             slots.resize(k);
             ckpt.resize(k);
+            fill.resize(k);
             return nb::make_tuple(r.n_known, r.n_avail, r.n_tier_by_tier, r.first_tier, r.n_usable,
                                   r.ckpt_tier, r.ckpt_slot, to_numpy(std::move(masks), {k}),
-                                  to_numpy(std::move(slots), {k}), to_numpy(std::move(ckpt), {k}));
+                                  to_numpy(std::move(slots), {k}), to_numpy(std::move(ckpt), {k}),
+                                  to_numpy(std::move(fill), {k}));
           },
           "keys"_a)
       .def(
@@ -112,12 +114,12 @@ NB_MODULE(_native, m) {
             size_t n = keys.shape(0);
             std::vector<uint32_t> reuse(n), hits(n), dram_ev(n);
             std::vector<double> last(n);
-            std::vector<uint8_t> tiers(n), ckpt(n);
+            std::vector<uint8_t> tiers(n), ckpt(n), filling(n);
             uint32_t m;
             {
               nb::gil_scoped_release rel;
               m = c.history(keys.data(), n, reuse.data(), hits.data(), dram_ev.data(), last.data(),
-                            tiers.data(), ckpt.data());
+                            tiers.data(), ckpt.data(), filling.data());
             }
             size_t k = m;
             reuse.resize(k);
@@ -126,6 +128,7 @@ NB_MODULE(_native, m) {
             last.resize(k);
             tiers.resize(k);
             ckpt.resize(k);
+            filling.resize(k);
             nb::dict d;
             d["reuse"] = to_numpy(std::move(reuse), {k});
             d["hits"] = to_numpy(std::move(hits), {k});
@@ -133,6 +136,7 @@ NB_MODULE(_native, m) {
             d["last_access"] = to_numpy(std::move(last), {k});
             d["tiers"] = to_numpy(std::move(tiers), {k});
             d["checkpoints"] = to_numpy(std::move(ckpt), {k});
+            d["filling"] = to_numpy(std::move(filling), {k});
             return d;
           },
           "keys"_a)
@@ -146,14 +150,30 @@ NB_MODULE(_native, m) {
       .def(
           "add",
           [](RadixCore& c, KeyArray keys, int tier, I64Array where, U32Array slots, uint32_t session,
-             double now) {
+             double now, bool filling) {
             if (where.shape(0) != slots.shape(0))
               throw std::invalid_argument("add: `where` and `slots` differ in length");
             nb::gil_scoped_release rel;
             return c.add(keys.data(), keys.shape(0), tier, where.data(), slots.data(),
-                         where.shape(0), session, now);
+                         where.shape(0), session, now, filling);
           },
-          "keys"_a, "tier"_a, "where"_a, "slots"_a, "session"_a, "now"_a)
+          "keys"_a, "tier"_a, "where"_a, "slots"_a, "session"_a, "now"_a, "filling"_a = false)
+      .def(
+          "set_ready",
+          [](RadixCore& c, KeyArray keys, int tier, double now) {
+            c.set_ready(keys.data(), keys.shape(0), tier, now);
+          },
+          "keys"_a, "tier"_a, "now"_a)
+      .def("hold", [](RadixCore& c, KeyArray keys) { c.hold(keys.data(), keys.shape(0)); }, "keys"_a)
+      .def(
+          "release",
+          [](RadixCore& c, KeyArray keys, double now) {
+            size_t k = keys.shape(0);
+            std::vector<uint8_t> out(k);
+            c.release(keys.data(), k, now, out.data());
+            return to_numpy(std::move(out), {k});
+          },
+          "keys"_a, "now"_a)
       .def(
           "add_existing",
           [](RadixCore& c, KeyArray keys, int tier, U32Array slots, double now) {
@@ -193,10 +213,14 @@ NB_MODULE(_native, m) {
           "keys"_a, "now"_a)
       .def(
           "ckpt_add",
-          [](RadixCore& c, OneKey key, int tier, uint32_t slot, double now) {
-            c.ckpt_add(key.data(), tier, slot, now);
+          [](RadixCore& c, OneKey key, int tier, uint32_t slot, double now, bool filling) {
+            c.ckpt_add(key.data(), tier, slot, now, filling);
           },
-          "key"_a, "tier"_a, "slot"_a, "now"_a)
+          "key"_a, "tier"_a, "slot"_a, "now"_a, "filling"_a = false)
+      .def(
+          "ckpt_set_ready",
+          [](RadixCore& c, OneKey key, int tier, double now) { c.ckpt_set_ready(key.data(), tier, now); },
+          "key"_a, "tier"_a, "now"_a)
       .def(
           "ckpt_remove",
           [](RadixCore& c, OneKey key, int tier, double now) { return c.ckpt_remove(key.data(), tier, now); },
@@ -208,8 +232,11 @@ NB_MODULE(_native, m) {
           },
           "tier"_a, "count"_a, "cutoff"_a, "now"_a)
       .def(
-          "slot_of", [](const RadixCore& c, OneKey key, int tier) { return c.slot_of(key.data(), tier); },
-          "key"_a, "tier"_a)
+          "slot_of",
+          [](const RadixCore& c, OneKey key, int tier, bool ready) {
+            return c.slot_of(key.data(), tier, ready);
+          },
+          "key"_a, "tier"_a, "ready"_a = true)
       .def(
           "path_slots",
           [](const RadixCore& c, KeyArray keys, uint8_t tier_mask) {
@@ -234,8 +261,10 @@ NB_MODULE(_native, m) {
           "key"_a)
       .def(
           "ckpt_slot_of",
-          [](const RadixCore& c, OneKey key, int tier) { return c.ckpt_slot_of(key.data(), tier); },
-          "key"_a, "tier"_a)
+          [](const RadixCore& c, OneKey key, int tier, bool ready) {
+            return c.ckpt_slot_of(key.data(), tier, ready);
+          },
+          "key"_a, "tier"_a, "ready"_a = true)
       .def("num_nodes", &RadixCore::num_nodes)
       .def("num_resident", &RadixCore::num_resident, "tier"_a)
       .def("num_ghosts", &RadixCore::num_ghosts)
@@ -250,7 +279,7 @@ NB_MODULE(_native, m) {
         // use the `index`/`parent` columns (parent 0 is the root).
         std::vector<uint32_t> live = c.live_nodes();
         size_t n = live.size();
-        std::vector<uint8_t> keys(n * kKeyBytes), tiers(n), ckpt(n);
+        std::vector<uint8_t> keys(n * kKeyBytes), tiers(n), ckpt(n), filling(n), ckpt_filling(n);
         std::vector<uint32_t> index(n), parent(n), slots(n * 3), ckpt_slots(n * 3), reuse(n),
             hits(n), dram_ev(n), session(n), depth(n), lock(n);
         std::vector<double> last(n);
@@ -261,6 +290,8 @@ NB_MODULE(_native, m) {
           parent[i] = nd.parent;
           tiers[i] = nd.tiers;
           ckpt[i] = nd.ckpt;
+          filling[i] = nd.filling;
+          ckpt_filling[i] = nd.ckpt_filling;
           const saria::Checkpoint* cp = c.checkpoint(live[i]);
           for (int t = 0; t < 3; ++t) {
             slots[i * 3 + t] = nd.slot[t];
@@ -280,6 +311,8 @@ NB_MODULE(_native, m) {
         d["parent"] = to_numpy(std::move(parent), {n});
         d["tiers"] = to_numpy(std::move(tiers), {n});
         d["ckpt"] = to_numpy(std::move(ckpt), {n});
+        d["filling"] = to_numpy(std::move(filling), {n});
+        d["ckpt_filling"] = to_numpy(std::move(ckpt_filling), {n});
         d["slots"] = to_numpy(std::move(slots), {n, 3});
         d["ckpt_slots"] = to_numpy(std::move(ckpt_slots), {n, 3});
         d["reuse"] = to_numpy(std::move(reuse), {n});

@@ -9,7 +9,11 @@ with plain dicts and linear scans, no lists, no parking, no hash table:
   block of a path first), gains residency, is unlocked, or becomes
   metadata-only (its ghost seq);
 * the metadata budget drops, while over budget, the unlocked childless
-  metadata-only block with the smallest ghost seq.
+  metadata-only block with the smallest ghost seq;
+* readiness: a copy added with ``filling`` is in its tier (it takes a slot,
+  it makes its parent a non-leaf there) but no reader sees it -- match,
+  history masks and eviction skip it -- until ``set_ready``, which gives it
+  a fresh seq (when unlocked) and tier_time; the same for checkpoints.
 
 Errors: every operation validates first and raises ValueError without
 changing anything, as the index does.
@@ -41,10 +45,20 @@ class RefNode:
     seq: dict[int, int] = field(default_factory=dict)
     ckpt_time: dict[int, float] = field(default_factory=dict)
     ckpt_seq: dict[int, int] = field(default_factory=dict)
+    filling: set[int] = field(default_factory=set)        # tiers whose copy is not ready
+    ckpt_filling: set[int] = field(default_factory=set)
 
     @property
     def ghost(self) -> bool:
         return not self.tiers and not self.ckpt
+
+    @property
+    def ready(self) -> list[int]:
+        return [t for t in self.tiers if t not in self.filling]
+
+    @property
+    def ready_ckpt(self) -> list[int]:
+        return [t for t in self.ckpt if t not in self.ckpt_filling]
 
 
 class RefIndex:
@@ -97,28 +111,30 @@ class RefIndex:
         path = self._walk(keys)
         n_known = len(path)
         n_avail = 0
-        while n_avail < n_known and path[n_avail].tiers:
+        while n_avail < n_known and path[n_avail].ready:
             n_avail += 1
-        first = min(path[0].tiers) if path and path[0].tiers else -1
+        first = min(path[0].ready) if path and path[0].ready else -1
         tbt = 0
         if first >= 0:
-            while tbt < n_known and first in path[tbt].tiers:
+            while tbt < n_known and first in path[tbt].ready:
                 tbt += 1
         usable, ckpt_tier, ckpt_slot = n_avail, -1, None
         if self.hybrid:
             usable = 0
             for b in range(n_avail, 0, -1):
-                if path[b - 1].ckpt:
+                if path[b - 1].ready_ckpt:
                     usable = b
-                    ckpt_tier = min(path[b - 1].ckpt)
+                    ckpt_tier = min(path[b - 1].ready_ckpt)
                     ckpt_slot = path[b - 1].ckpt[ckpt_tier]
                     break
-        tiers = [min(path[i].tiers) for i in range(usable)]
+        tiers = [min(path[i].ready) for i in range(usable)]
         slots = [path[i].tiers[tiers[i]] for i in range(usable)]
         return dict(n_known=n_known, n_avail=n_avail, tbt=tbt, usable=usable,
                     ckpt_tier=ckpt_tier, ckpt_slot=ckpt_slot, tiers=tiers, slots=slots,
-                    masks=[sum(1 << t for t in n.tiers) for n in path],
-                    ckpt_masks=[sum(1 << t for t in n.ckpt) for n in path])
+                    masks=[sum(1 << t for t in n.ready) for n in path],
+                    ckpt_masks=[sum(1 << t for t in n.ready_ckpt) for n in path],
+                    held=[sum(1 << t for t in n.tiers) for n in path],
+                    held_ckpt=[sum(1 << t for t in n.ckpt) for n in path])
 
     # mutations
     def touch(self, keys: list[bytes], hits: int, ckpt_at: int, now: float) -> int:
@@ -134,7 +150,7 @@ class RefIndex:
                 nd.hits += 1
             nd.last_access = now
             for t in TIERS:
-                if t in nd.tiers:
+                if t in nd.ready:
                     nd.tier_time[t] = now
                     if nd.lock == 0:
                         nd.seq[t] = self._seq()
@@ -142,13 +158,13 @@ class RefIndex:
         if ckpt_at > 0:
             nd = path[ckpt_at - 1]
             for t in TIERS:
-                if t in nd.ckpt:
+                if t in nd.ready_ckpt:
                     nd.ckpt_seq[t] = self._seq()
                     nd.ckpt_time[t] = now
         return m
 
     def add(self, keys: list[bytes], tier: int, where: list[int], slots: list[int],
-            session: int, now: float) -> int:
+            session: int, now: float, filling: bool = False) -> int:
         if not where:
             return 0
         if any(p < 0 or p >= len(keys) for p in where) or sorted(set(where)) != list(where):
@@ -174,7 +190,9 @@ class RefIndex:
                 nd.tiers[tier] = slot_of[i]
                 nd.tier_time[tier] = now
                 nd.seq.pop(GHOST, None)
-                if nd.lock == 0:
+                if filling:
+                    nd.filling.add(tier)
+                elif nd.lock == 0:
                     nd.seq[tier] = self._seq()
             elif i >= m:
                 self._ghost_seq(nd)
@@ -194,6 +212,46 @@ class RefIndex:
             if nd.lock == 0:
                 nd.seq[tier] = self._seq()
 
+    def set_ready(self, keys: list[bytes], tier: int, now: float) -> None:
+        if len(set(keys)) != len(keys) or any(
+                k not in self.nodes or tier not in self.nodes[k].filling for k in keys):
+            raise ValueError("bad set_ready")
+        now = self._now(now)
+        for k in keys:
+            nd = self.nodes[k]
+            nd.filling.discard(tier)
+            nd.tier_time[tier] = now
+            if nd.lock == 0:
+                nd.seq[tier] = self._seq()
+
+    def hold(self, keys: list[bytes]) -> None:
+        if len(set(keys)) != len(keys) or any(k not in self.nodes for k in keys):
+            raise ValueError("bad hold")
+        for k in keys:
+            self.nodes[k].lock += 1
+
+    def release(self, keys: list[bytes], now: float) -> list[bool]:
+        if len(set(keys)) != len(keys) or any(
+                k not in self.nodes or self.nodes[k].lock == 0 for k in keys):
+            raise ValueError("bad release")
+        now = self._now(now)
+        out = []
+        for k in keys:
+            out.append(self._unlock_one(self.nodes[k], now))
+        self._budget()
+        return out
+
+    def _unlock_one(self, nd: RefNode, now: float) -> bool:
+        nd.lock -= 1
+        if nd.lock:
+            return False
+        for t in TIERS:
+            if t in nd.ready:
+                nd.tier_time[t] = now
+                nd.seq[t] = self._seq()
+        self._ghost_seq(nd)
+        return True
+
     def history(self, keys: list[bytes]) -> list[tuple]:
         return [(n.reuse, n.hits, n.dram_evictions, n.last_access) for n in self._walk(keys)]
 
@@ -206,6 +264,7 @@ class RefIndex:
         for k in keys:
             nd = self.nodes[k]
             out.append(nd.tiers.pop(tier))
+            nd.filling.discard(tier)
             self._ghost_seq(nd)
         self._budget()
         return out
@@ -216,7 +275,7 @@ class RefIndex:
         while len(out) < count:
             busy = {n.parent for n in self.nodes.values() if tier in n.tiers}
             cands = [n for n in self.nodes.values()
-                     if tier in n.tiers and n.lock == 0 and n.key not in busy
+                     if tier in n.ready and n.lock == 0 and n.key not in busy
                      and n.tier_time[tier] <= cutoff]
             if not cands:
                 break
@@ -249,17 +308,11 @@ class RefIndex:
             raise ValueError("bad unlock")
         now = self._now(now)
         for nd in reversed(path):
-            nd.lock -= 1
-            if nd.lock:
-                continue
-            for t in TIERS:
-                if t in nd.tiers:
-                    nd.tier_time[t] = now
-                    nd.seq[t] = self._seq()
-            self._ghost_seq(nd)
+            self._unlock_one(nd, now)
         self._budget()
 
-    def ckpt_add(self, key: bytes, tier: int, slot: int, now: float) -> None:
+    def ckpt_add(self, key: bytes, tier: int, slot: int, now: float,
+                 filling: bool = False) -> None:
         nd = self.nodes.get(key)
         if not self.hybrid or nd is None or tier in nd.ckpt:
             raise ValueError("bad ckpt_add")
@@ -268,6 +321,17 @@ class RefIndex:
         nd.ckpt[tier] = slot
         nd.ckpt_time[tier] = now
         nd.ckpt_seq[tier] = self._seq()
+        if filling:
+            nd.ckpt_filling.add(tier)
+
+    def ckpt_set_ready(self, key: bytes, tier: int, now: float) -> None:
+        nd = self.nodes.get(key)
+        if nd is None or tier not in nd.ckpt_filling:
+            raise ValueError("bad ckpt_set_ready")
+        now = self._now(now)
+        nd.ckpt_filling.discard(tier)
+        nd.ckpt_seq[tier] = self._seq()
+        nd.ckpt_time[tier] = now
 
     def ckpt_remove(self, key: bytes, tier: int, now: float) -> int:
         nd = self.nodes.get(key)
@@ -275,13 +339,14 @@ class RefIndex:
             raise ValueError("bad ckpt_remove")
         now = self._now(now)
         slot = nd.ckpt.pop(tier)
+        nd.ckpt_filling.discard(tier)
         self._ghost_seq(nd)
         self._budget()
         return slot
 
     def ckpt_evict(self, tier: int, count: int, cutoff: float, now: float) -> list[dict]:
         now = self._now(now)
-        order = sorted((n for n in self.nodes.values() if tier in n.ckpt),
+        order = sorted((n for n in self.nodes.values() if tier in n.ready_ckpt),
                        key=lambda n: n.ckpt_seq[tier])
         out = []
         for nd in order:
@@ -296,5 +361,6 @@ class RefIndex:
     def snapshot(self) -> dict[bytes, tuple]:
         return {k: (n.parent, n.depth, tuple(sorted(n.tiers.items())),
                     tuple(sorted(n.ckpt.items())), n.reuse, n.hits, n.dram_evictions,
-                    n.session, n.lock, n.last_access)
+                    n.session, n.lock, n.last_access,
+                    sum(1 << t for t in n.filling), sum(1 << t for t in n.ckpt_filling))
                 for k, n in self.nodes.items()}

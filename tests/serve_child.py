@@ -4,7 +4,9 @@
 
 STEPS_JSON is a list of steps; each is {"prompt": [...]} (generate it and
 print ``RESULT {"tokens": ..., "gaps": ..., "cached": n}``) or
-{"wait": PATH} (block until the file exists: the parent's cue).
+{"wait": PATH} (block until the file exists: the parent's cue). A first step
+{"late_stores": PATH} holds every store copy until that file exists (see
+``vllm_harness.late_stores``).
 """
 
 import json
@@ -15,9 +17,13 @@ import time
 if __name__ == "__main__":
     model, address, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from vllm_harness import engine, generate
+    import contextlib
 
-    with engine(model, {"server": address, "engine_name": name, "server_timeout_s": 0.5}) as llm:
+    from vllm_harness import engine, generate, late_stores
+
+    hold = steps.pop(0)["late_stores"] if steps and "late_stores" in steps[0] else None
+    with (late_stores(until=hold) if hold else contextlib.nullcontext()), \
+            engine(model, {"server": address, "engine_name": name, "server_timeout_s": 0.5}) as llm:
         print("READY", flush=True)
         for step in steps:
             if "wait" in step:

@@ -248,6 +248,7 @@ def test_promotion_after_prefill_moves_what_the_shared_policy_picks(make_schedul
     prompt = list(range(100, 100 + 6 * BS + 1))
     filler = list(range(5000, 5000 + 6 * BS + 1))
     serve(s, fake_request("a", prompt), list(range(7)))
+    s.cache.flush()                     # a's write-through lands (DRAM holds it until then)
     serve(s, fake_request("f", filler), list(range(10, 17)))   # a leaves DRAM
     s.cache.flush()
     _, meta = serve(s, fake_request("b", prompt), list(range(30, 37)))

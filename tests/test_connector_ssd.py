@@ -142,7 +142,7 @@ def test_budget_admission_in_the_engine(model, tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    extra = {"dram_bytes": 24 * SLOT, "ssd_dirs": [str(tmp_path / "ssd")],
+    extra = {"dram_bytes": 25 * SLOT, "ssd_dirs": [str(tmp_path / "ssd")],  # 24 + write-behind
              # 2,000 DWPD: a day of a 256-block drive's budget in seconds (6 blocks/s)
              "ssd_bytes": 256 * SLOT, "admission": "budget", "dwpd": 2000, "promotion": "none",
              "metrics_port": port}

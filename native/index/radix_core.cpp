@@ -67,7 +67,7 @@ RadixCore::RadixCore(uint64_t max_nodes, bool hybrid) : max_nodes_(max_nodes), h
 // ---------------------------------------------------------------- queries
 
 MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint32_t* slots,
-                             uint8_t* ckpt_masks) const {
+                             uint8_t* ckpt_masks, uint8_t* fill) const {
   MatchResult r{0, 0, 0, -1, 0, -1, kNil};
   uint32_t prev = kRoot;
   bool avail = true;
@@ -76,12 +76,14 @@ MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint
     uint32_t idx = find_key(load_key(keys + i * kKeyBytes));
     if (idx == kNil || nodes_[idx].parent != prev) break;
     const Node& nd = nodes_[idx];
-    masks[i] = nd.tiers;
-    int t = lowest_tier(nd.tiers);
+    const uint8_t here = ready(nd);  // a filling copy is no copy for a reader
+    masks[i] = here;
+    int t = lowest_tier(here);
     slots[i] = t < 0 ? kNil : nd.slot[t];
-    ckpt_masks[i] = nd.ckpt;
+    ckpt_masks[i] = ready_ckpt(nd);
+    if (fill) fill[i] = static_cast<uint8_t>(nd.filling | (nd.ckpt_filling << 4));
     r.n_known = static_cast<uint32_t>(i + 1);
-    if (avail && nd.tiers) {
+    if (avail && here) {
       r.n_avail = r.n_known;
     } else {
       avail = false;
@@ -90,7 +92,7 @@ MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint
       r.first_tier = t;
       baseline_run = t >= 0;
     }
-    if (baseline_run && r.first_tier >= 0 && (nd.tiers & bit(r.first_tier))) {
+    if (baseline_run && r.first_tier >= 0 && (here & bit(r.first_tier))) {
       r.n_tier_by_tier = r.n_known;
     } else {
       baseline_run = false;
@@ -115,7 +117,7 @@ MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint
 
 uint32_t RadixCore::history(const uint8_t* keys, size_t n, uint32_t* reuse, uint32_t* hits,
                             uint32_t* dram_evictions, double* last_access, uint8_t* tiers,
-                            uint8_t* ckpt) const {
+                            uint8_t* ckpt, uint8_t* filling) const {
   std::vector<uint32_t> path;
   uint32_t m = walk(keys, n, &path);
   for (uint32_t i = 0; i < m; ++i) {
@@ -124,16 +126,19 @@ uint32_t RadixCore::history(const uint8_t* keys, size_t n, uint32_t* reuse, uint
     hits[i] = nd.hits;
     dram_evictions[i] = nd.dram_evictions;
     last_access[i] = nd.last_access;
-    tiers[i] = nd.tiers;
-    ckpt[i] = nd.ckpt;
+    tiers[i] = ready(nd);
+    ckpt[i] = ready_ckpt(nd);
+    if (filling) filling[i] = nd.filling;
   }
   return m;
 }
 
-uint32_t RadixCore::slot_of(const uint8_t* key, int tier) const {
+uint32_t RadixCore::slot_of(const uint8_t* key, int tier, bool ready_only) const {
   check_tier(tier);
   uint32_t idx = find_key(load_key(key));
-  if (idx == kNil || !(nodes_[idx].tiers & bit(tier))) return kNil;
+  if (idx == kNil) return kNil;
+  const Node& nd = nodes_[idx];
+  if (!((ready_only ? ready(nd) : nd.tiers) & bit(tier))) return kNil;
   return nodes_[idx].slot[tier];
 }
 
@@ -145,7 +150,7 @@ uint32_t RadixCore::path_slots(const uint8_t* keys, size_t n, uint8_t tier_mask,
   uint32_t m = walk(keys, n, &path);
   for (uint32_t i = 0; i < m; ++i) {
     const Node& nd = nodes_[path[i]];
-    int t = lowest_tier(static_cast<uint8_t>(nd.tiers & tier_mask));
+    int t = lowest_tier(static_cast<uint8_t>(ready(nd) & tier_mask));
     tiers[i] = static_cast<int8_t>(t);
     slots[i] = t < 0 ? kNil : nd.slot[t];
   }
@@ -163,10 +168,12 @@ bool RadixCore::path_to(const uint8_t* key, std::vector<uint8_t>* out) const {
   return true;
 }
 
-uint32_t RadixCore::ckpt_slot_of(const uint8_t* key, int tier) const {
+uint32_t RadixCore::ckpt_slot_of(const uint8_t* key, int tier, bool ready_only) const {
   check_tier(tier);
   uint32_t idx = find_key(load_key(key));
-  if (idx == kNil || !(nodes_[idx].ckpt & bit(tier))) return kNil;
+  if (idx == kNil) return kNil;
+  const Node& nd = nodes_[idx];
+  if (!((ready_only ? ready_ckpt(nd) : nd.ckpt) & bit(tier))) return kNil;
   return ckpts_.at(idx).slot[tier];
 }
 
@@ -188,7 +195,7 @@ uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_
     if (i < n_hit) nd.hits += 1;
     nd.last_access = now;
     for (int t = 0; t < kNumTiers; ++t)
-      if (nd.tiers & bit(t)) {
+      if (ready(nd) & bit(t)) {
         nd.tier_time[t] = now;
         if (nd.lock == 0) refresh(idx, t, now);
       }
@@ -198,7 +205,7 @@ uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_
     uint32_t idx = path[ckpt_at - 1];
     Checkpoint& c = ckpts_.at(idx);
     for (int t = 0; t < kNumTiers; ++t)
-      if (nodes_[idx].ckpt & bit(t)) {
+      if (ready_ckpt(nodes_[idx]) & bit(t)) {
         ckpt_lru_[t].erase(c.seq[t]);
         c.seq[t] = ++seq_counter_;
         c.tier_time[t] = now;
@@ -209,7 +216,8 @@ uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_
 }
 
 uint32_t RadixCore::add(const uint8_t* keys, size_t n, int tier, const int64_t* where,
-                        const uint32_t* slots, size_t k, uint32_t session, double now) {
+                        const uint32_t* slots, size_t k, uint32_t session, double now,
+                        bool filling) {
   check_tier(tier);
   if (k == 0) return 0;
   for (size_t j = 0; j < k; ++j) {
@@ -257,7 +265,7 @@ uint32_t RadixCore::add(const uint8_t* keys, size_t n, int tier, const int64_t* 
     bool in_where = j > 0 && static_cast<size_t>(where[j - 1]) == i;
     if (in_where) {
       --j;
-      set_tier(path[i], tier, slots[j], now);
+      set_tier(path[i], tier, slots[j], now, filling);
     } else if (i >= m) {
       refresh(path[i], kGhost, now);
     } else if (j == 0) {
@@ -284,7 +292,23 @@ void RadixCore::add_existing(const uint8_t* keys, size_t k, int tier, const uint
     idxs[j] = idx;
   }
   now = advance(now);
-  for (size_t j = 0; j < k; ++j) set_tier(idxs[j], tier, slots[j], now);
+  for (size_t j = 0; j < k; ++j) set_tier(idxs[j], tier, slots[j], now, false);
+}
+
+void RadixCore::set_ready(const uint8_t* keys, size_t k, int tier, double now) {
+  check_tier(tier);
+  std::vector<uint32_t> idxs = find_all(keys, k, "set_ready");
+  for (size_t j = 0; j < k; ++j)
+    if (!(nodes_[idxs[j]].filling & bit(tier)))
+      bad("set_ready: key " + std::to_string(j) + " has no filling copy in tier " +
+          std::to_string(tier));
+  now = advance(now);
+  for (uint32_t idx : idxs) {
+    Node& nd = nodes_[idx];
+    nd.filling &= static_cast<uint8_t>(~bit(tier));
+    nd.tier_time[tier] = now;
+    if (nd.lock == 0) refresh(idx, tier, now);
+  }
 }
 
 void RadixCore::remove(const uint8_t* keys, size_t k, int tier, uint32_t* out_slots, double now) {
@@ -340,15 +364,7 @@ void RadixCore::lock(const uint8_t* keys, size_t n) {
     Node& nd = nodes_[idx];
     if (nd.lock == 0xFFFFFFFFu) bad("lock: lock count overflow");
   }
-  for (uint32_t idx : path) {
-    Node& nd = nodes_[idx];
-    if (nd.lock++ == 0) {
-      for (int l = 0; l < kNumLists; ++l) {
-        if (nd.linked & bit(l)) unlink(idx, l);
-        nd.parked &= static_cast<uint8_t>(~bit(l));
-      }
-    }
-  }
+  for (uint32_t idx : path) lock_node(idx);
 }
 
 void RadixCore::unlock(const uint8_t* keys, size_t n, double now) {
@@ -361,23 +377,30 @@ void RadixCore::unlock(const uint8_t* keys, size_t n, double now) {
   now = advance(now);
   // Unlocking ends a use: the blocks re-enter their lists at the tail,
   // deepest first.
-  for (size_t i = path.size(); i-- > 0;) {
-    uint32_t idx = path[i];
-    Node& nd = nodes_[idx];
-    if (--nd.lock > 0) continue;
-    for (int t = 0; t < kNumTiers; ++t)
-      if (nd.tiers & bit(t)) {
-        nd.tier_time[t] = now;
-        refresh(idx, t, now);
-      }
-    if (nd.tiers == 0 && nd.ckpt == 0) refresh(idx, kGhost, now);
-  }
+  for (size_t i = path.size(); i-- > 0;) unlock_node(path[i], now);
+  enforce_budget();
+}
+
+void RadixCore::hold(const uint8_t* keys, size_t k) {
+  std::vector<uint32_t> idxs = find_all(keys, k, "hold");
+  for (uint32_t idx : idxs)
+    if (nodes_[idx].lock == 0xFFFFFFFFu) bad("hold: lock count overflow");
+  for (uint32_t idx : idxs) lock_node(idx);
+}
+
+void RadixCore::release(const uint8_t* keys, size_t k, double now, uint8_t* unlocked) {
+  std::vector<uint32_t> idxs = find_all(keys, k, "release");
+  for (size_t j = 0; j < k; ++j)
+    if (nodes_[idxs[j]].lock == 0) bad("release: key " + std::to_string(j) + " is not locked");
+  now = advance(now);
+  for (size_t j = 0; j < k; ++j) unlocked[j] = unlock_node(idxs[j], now);
   enforce_budget();
 }
 
 // ------------------------------------------------------------ checkpoints
 
-void RadixCore::ckpt_add(const uint8_t* key, int tier, uint32_t slot, double now) {
+void RadixCore::ckpt_add(const uint8_t* key, int tier, uint32_t slot, double now,
+                         bool filling) {
   check_tier(tier);
   if (!hybrid_) bad("checkpoints need an index created with hybrid=True");
   uint32_t idx = find_key(load_key(key));
@@ -396,6 +419,24 @@ void RadixCore::ckpt_add(const uint8_t* key, int tier, uint32_t slot, double now
   c.slot[tier] = slot;
   c.tier_time[tier] = now;
   c.seq[tier] = ++seq_counter_;
+  if (filling) {
+    nd.ckpt_filling |= bit(tier);  // not an eviction candidate until ready
+  } else {
+    ckpt_lru_[tier].emplace(c.seq[tier], idx);
+  }
+}
+
+void RadixCore::ckpt_set_ready(const uint8_t* key, int tier, double now) {
+  check_tier(tier);
+  uint32_t idx = find_key(load_key(key));
+  if (idx == kNil || !(nodes_[idx].ckpt_filling & bit(tier)))
+    bad("ckpt_set_ready: no filling checkpoint for this block in tier " + std::to_string(tier));
+  now = advance(now);
+  Node& nd = nodes_[idx];
+  nd.ckpt_filling &= static_cast<uint8_t>(~bit(tier));
+  Checkpoint& c = ckpts_.at(idx);
+  c.seq[tier] = ++seq_counter_;
+  c.tier_time[tier] = now;
   ckpt_lru_[tier].emplace(c.seq[tier], idx);
 }
 
@@ -407,9 +448,10 @@ uint32_t RadixCore::ckpt_remove(const uint8_t* key, int tier, double now) {
   now = advance(now);
   Checkpoint& c = ckpts_.at(idx);
   uint32_t slot = c.slot[tier];
-  ckpt_lru_[tier].erase(c.seq[tier]);
   Node& nd = nodes_[idx];
+  if (!(nd.ckpt_filling & bit(tier))) ckpt_lru_[tier].erase(c.seq[tier]);
   nd.ckpt &= static_cast<uint8_t>(~bit(tier));
+  nd.ckpt_filling &= static_cast<uint8_t>(~bit(tier));
   if (nd.ckpt == 0) ckpts_.erase(idx);
   if (nd.tiers == 0 && nd.ckpt == 0) {
     ++ghosts_;
@@ -481,6 +523,14 @@ void RadixCore::check_invariants() const {
       }
     if (nd.tiers == 0 && nd.ckpt == 0) ghosts++;
     if ((nd.ckpt != 0) != (ckpts_.count(i) == 1)) fail("checkpoint table out of sync");
+    if (nd.filling & ~nd.tiers) fail("a filling copy in a tier the block is not resident in");
+    if (nd.ckpt_filling & ~nd.ckpt) fail("a filling checkpoint in a tier it is not resident in");
+    for (int t = 0; t < kNumTiers; ++t)
+      if (nd.ckpt & bit(t)) {
+        auto it = ckpt_lru_[t].find(ckpts_.at(i).seq[t]);
+        bool in_lru = it != ckpt_lru_[t].end() && it->second == i;
+        if (in_lru == bool(nd.ckpt_filling & bit(t))) fail("checkpoint LRU membership wrong");
+      }
     for (int l = 0; l < kNumLists; ++l) {
       bool want = wants_list(nd, l);
       bool linked = nd.linked & bit(l), parked = nd.parked & bit(l);
@@ -639,7 +689,7 @@ void RadixCore::drop_node(uint32_t idx) {
 
 bool RadixCore::wants_list(const Node& nd, int l) const {
   if (nd.lock > 0) return false;
-  if (l < kNumTiers) return nd.tiers & bit(l);
+  if (l < kNumTiers) return ready(nd) & bit(l);
   return nd.tiers == 0 && nd.ckpt == 0;
 }
 
@@ -685,7 +735,7 @@ void RadixCore::refresh(uint32_t idx, int l, double /*now*/) {
   link_tail(idx, l);
 }
 
-void RadixCore::set_tier(uint32_t idx, int tier, uint32_t slot, double now) {
+void RadixCore::set_tier(uint32_t idx, int tier, uint32_t slot, double now, bool filling) {
   Node& nd = nodes_[idx];
   if (nd.tiers == 0 && nd.ckpt == 0) {  // leaves the metadata-only state
     if (nd.linked & bit(kGhost)) unlink(idx, kGhost);
@@ -697,7 +747,11 @@ void RadixCore::set_tier(uint32_t idx, int tier, uint32_t slot, double now) {
   nd.tier_time[tier] = now;
   ++resident_[tier];
   if (nd.parent != kRoot) nodes_[nd.parent].tier_children[tier]++;
-  if (nd.lock == 0) refresh(idx, tier, now);
+  if (filling) {
+    nd.filling |= bit(tier);  // joins the tier's list when set_ready
+  } else if (nd.lock == 0) {
+    refresh(idx, tier, now);
+  }
 }
 
 void RadixCore::clear_tier(uint32_t idx, int tier, double now) {
@@ -705,6 +759,7 @@ void RadixCore::clear_tier(uint32_t idx, int tier, double now) {
   if (nd.linked & bit(tier)) unlink(idx, tier);
   nd.parked &= static_cast<uint8_t>(~bit(tier));
   nd.tiers &= static_cast<uint8_t>(~bit(tier));
+  nd.filling &= static_cast<uint8_t>(~bit(tier));
   nd.slot[tier] = kNil;
   --resident_[tier];
   child_left_tier(nd.parent, tier);
@@ -735,6 +790,43 @@ void RadixCore::enforce_budget() {
     }
     drop_node(h);
   }
+}
+
+void RadixCore::lock_node(uint32_t idx) {
+  Node& nd = nodes_[idx];
+  if (nd.lock++ == 0) {
+    for (int l = 0; l < kNumLists; ++l) {
+      if (nd.linked & bit(l)) unlink(idx, l);
+      nd.parked &= static_cast<uint8_t>(~bit(l));
+    }
+  }
+}
+
+bool RadixCore::unlock_node(uint32_t idx, double now) {
+  Node& nd = nodes_[idx];
+  if (--nd.lock > 0) return false;
+  for (int t = 0; t < kNumTiers; ++t)
+    if (ready(nd) & bit(t)) {
+      nd.tier_time[t] = now;
+      refresh(idx, t, now);
+    }
+  if (nd.tiers == 0 && nd.ckpt == 0) refresh(idx, kGhost, now);
+  return true;
+}
+
+// The nodes of k independent keys, all indexed and none repeated (else an
+// error naming `what` and the key's position).
+std::vector<uint32_t> RadixCore::find_all(const uint8_t* keys, size_t k, const char* what) const {
+  std::vector<uint32_t> idxs(k);
+  std::unordered_set<uint32_t> seen;
+  for (size_t j = 0; j < k; ++j) {
+    uint32_t idx = find_key(load_key(keys + j * kKeyBytes));
+    if (idx == kNil) bad(std::string(what) + ": key " + std::to_string(j) + " is not in the index");
+    if (!seen.insert(idx).second)
+      bad(std::string(what) + ": key " + std::to_string(j) + " is listed twice");
+    idxs[j] = idx;
+  }
+  return idxs;
 }
 
 uint32_t RadixCore::walk(const uint8_t* keys, size_t n, std::vector<uint32_t>* path) const {

@@ -13,9 +13,17 @@
 //    node.parent is the node of the previous block (kRoot for block 0);
 //  * tier_children[t] == number of children resident in tier t;
 //    n_children == number of children;
-//  * a node is linked in tier list t iff it is resident in t, unlocked and not
-//    parked in t; it is linked in the ghost list iff it holds nothing in any
-//    tier (no KV, no checkpoint), is unlocked and not parked there;
+//  * a copy in tier t is either *ready* (its bytes are in place: readers may
+//    use it) or *filling* (a slot is taken, the bytes are on their way):
+//    filling is a subset of tiers, ckpt_filling of ckpt. Every query that
+//    answers a reader (match, history, path_slots, slot_of / ckpt_slot_of
+//    with ready) reports ready copies only; the residency masks that say
+//    which slots are taken (match's fill masks, dump) include filling ones;
+//  * a node is linked in tier list t iff it is resident and ready in t,
+//    unlocked and not parked in t -- a filling copy is never an eviction
+//    victim; it is linked in the ghost list iff it holds nothing in any
+//    tier (no KV, no checkpoint, ready or filling), is unlocked and not
+//    parked there; a checkpoint is in its tier's LRU iff it is ready there;
 //  * every list is sorted by its seq (ascending from head), and within a tier
 //    list tier_time is non-decreasing too (the clock never goes backwards:
 //    now = max(now, last_now));
@@ -81,8 +89,10 @@ struct Node {
   double last_access;       // last real access (history)
   double tier_time[kNumTiers];  // last touch or entry per tier (recency)
   uint64_t seq[kNumLists];
-  uint8_t tiers;     // KV residency mask (bit t)
+  uint8_t tiers;     // KV residency mask (bit t): a slot is taken in tier t
   uint8_t ckpt;      // checkpoint residency mask (bit t)
+  uint8_t filling;   // bit t: the copy in tier t is filling, not ready (subset of tiers)
+  uint8_t ckpt_filling;  // the same for the checkpoint (subset of ckpt)
   uint8_t linked;    // bit l: linked in list l
   uint8_t parked;    // bit l: parked out of list l
   uint8_t live;      // slot in use
@@ -123,28 +133,33 @@ class RadixCore {
 
   // --- queries -----------------------------------------------------------
   // Walks keys[0..n) from the root. masks/slots/ckpt_masks are filled for the
-  // first n_known blocks (slots: the slot of the preferred tier, kNil if none;
-  // preferred = lowest tier index holding the block).
+  // first n_known blocks with *ready* copies only (slots: the slot of the
+  // preferred tier, kNil if none; preferred = lowest tier index holding a
+  // ready copy); fill (may be null) gets the filling masks, KV in the low
+  // nibble and the checkpoint's in the high one. Availability, the tier-by-
+  // tier baseline and usable checkpoints count ready copies only.
   MatchResult match(const uint8_t* keys, size_t n, uint8_t* masks,
-                    uint32_t* slots, uint8_t* ckpt_masks) const;
+                    uint32_t* slots, uint8_t* ckpt_masks, uint8_t* fill = nullptr) const;
   // History of the known prefix of keys[0..n): per block reuse, hits, DRAM
-  // evictions, last access, and the residency masks of its KV and its
-  // checkpoint; returns how many blocks are known.
+  // evictions, last access, and the masks of its ready KV and checkpoint
+  // copies (and of its filling KV copies, when `filling` is given); returns
+  // how many blocks are known.
   uint32_t history(const uint8_t* keys, size_t n, uint32_t* reuse, uint32_t* hits,
                    uint32_t* dram_evictions, double* last_access, uint8_t* tiers,
-                   uint8_t* ckpt) const;
-  // Slot of one block in one tier, or kNil.
-  uint32_t slot_of(const uint8_t* key, int tier) const;
+                   uint8_t* ckpt, uint8_t* filling = nullptr) const;
+  // Slot of one block in one tier, or kNil (with ready, kNil for a filling copy).
+  uint32_t slot_of(const uint8_t* key, int tier, bool ready) const;
   // For each block of the known prefix of keys[0..n): the slot in the
-  // fastest tier of `tier_mask` holding it and that tier, or kNil and -1 when
-  // no tier of the mask holds it. Returns how many blocks are known.
+  // fastest tier of `tier_mask` holding a ready copy and that tier, or kNil
+  // and -1 when no tier of the mask does. Returns how many blocks are known.
   uint32_t path_slots(const uint8_t* keys, size_t n, uint8_t tier_mask, uint32_t* slots,
                       int8_t* tiers) const;
   // The keys of the path from the root to block `key` (block 0 first),
   // appended to `out` (32 bytes each); false if the block is unknown.
   bool path_to(const uint8_t* key, std::vector<uint8_t>* out) const;
-  // Slot of the checkpoint after block `key` in `tier`, or kNil.
-  uint32_t ckpt_slot_of(const uint8_t* key, int tier) const;
+  // Slot of the checkpoint after block `key` in `tier`, or kNil (with ready,
+  // kNil for a filling one).
+  uint32_t ckpt_slot_of(const uint8_t* key, int tier, bool ready) const;
 
   // --- mutations (all validate first and change nothing on error) -------
   // Records an access by a new request to the known prefix of keys[0..n):
@@ -157,9 +172,16 @@ class RadixCore {
   // `tier` with the given slots. Missing nodes on the path keys[0..max+1) are
   // created (as metadata-only ghosts when not in `where`), with `session` as
   // creator. Error if a block already holds `tier` or a key sits under a
-  // different parent. Returns the number of nodes created.
+  // different parent. With `filling` the new copies are filling (see
+  // set_ready). Returns the number of nodes created.
   uint32_t add(const uint8_t* keys, size_t n, int tier, const int64_t* where,
-               const uint32_t* slots, size_t k, uint32_t session, double now);
+               const uint32_t* slots, size_t k, uint32_t session, double now,
+               bool filling = false);
+  // The filling copies in `tier` of the listed blocks (any order, no
+  // repeats) become ready: readers see them and they join the tier's LRU
+  // (tier_time = now). Error if a block is unknown or its copy there is not
+  // filling.
+  void set_ready(const uint8_t* keys, size_t k, int tier, double now);
   // Gives already-indexed blocks (any order, no repeats) residency in `tier`
   // with the given slots, e.g. DRAM victims admitted to the SSD. Error if a
   // block is unknown or already holds `tier`.
@@ -179,9 +201,16 @@ class RadixCore {
   size_t count_evictable(int tier, double cutoff, size_t limit) const;
   void lock(const uint8_t* keys, size_t n);
   void unlock(const uint8_t* keys, size_t n, double now);
+  // Locks of independent blocks (any order, no repeats; all indexed), e.g.
+  // blocks an SSD write reads from DRAM: hold takes one lock on each,
+  // release drops one and sets unlocked[j] when block j has none left
+  // (release counts as a use, as unlock does).
+  void hold(const uint8_t* keys, size_t k);
+  void release(const uint8_t* keys, size_t k, double now, uint8_t* unlocked);
 
   // --- checkpoints (hybrid models) --------------------------------------
-  void ckpt_add(const uint8_t* key, int tier, uint32_t slot, double now);
+  void ckpt_add(const uint8_t* key, int tier, uint32_t slot, double now, bool filling = false);
+  void ckpt_set_ready(const uint8_t* key, int tier, double now);
   uint32_t ckpt_remove(const uint8_t* key, int tier, double now);
   std::vector<EvictedBlock> ckpt_evict(int tier, size_t count, double cutoff, double now);
 
@@ -223,11 +252,17 @@ class RadixCore {
   void link_sorted(uint32_t idx, int l);
   void unlink(uint32_t idx, int l);
   void refresh(uint32_t idx, int l, double now);  // new seq, to tail
-  void sync_lists(uint32_t idx, double now);       // after a state change
-  void set_tier(uint32_t idx, int tier, uint32_t slot, double now);
+  void set_tier(uint32_t idx, int tier, uint32_t slot, double now, bool filling);
   void clear_tier(uint32_t idx, int tier, double now);
   void child_left_tier(uint32_t parent, int tier);
   void enforce_budget();
+  void lock_node(uint32_t idx);
+  bool unlock_node(uint32_t idx, double now);  // true when no lock is left
+  std::vector<uint32_t> find_all(const uint8_t* keys, size_t k, const char* what) const;
+  static uint8_t ready(const Node& nd) { return static_cast<uint8_t>(nd.tiers & ~nd.filling); }
+  static uint8_t ready_ckpt(const Node& nd) {
+    return static_cast<uint8_t>(nd.ckpt & ~nd.ckpt_filling);
+  }
   uint32_t walk(const uint8_t* keys, size_t n, std::vector<uint32_t>* path) const;
   double advance(double now) {
     if (now > last_now_) last_now_ = now;

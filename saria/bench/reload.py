@@ -72,7 +72,8 @@ def run_reload_bench(cfg: ReloadBenchConfig,
 
     from saria.connector.layout import Geometry
     from saria.connector.meta import Medium, Transfer
-    from saria.connector.worker import KVPages, PageCopier, SsdPageReader
+    from saria.connector.movers import PageCopier, SsdPageReader
+    from saria.connector.pages import KVPages
     from saria.tiers.dram import DramPool
     from saria.tiers.ssd import DATA_OFFSET, SsdStore, slot_bytes_for
 
@@ -212,7 +213,7 @@ def _coordinator_rows(cfg, copier, reader, slots, handles, keys, hw) -> list[dic
     """Loads of `blocks` blocks, a share from the SSD, per mode: measured time
     and the model's, from the rates just measured."""
     from saria.connector.meta import Medium, Transfer
-    from saria.connector.worker import LoadCoordinator
+    from saria.connector.loads import LoadCoordinator
     from saria.transfer import LinkModel, reload_time
 
     n = cfg.blocks

@@ -33,14 +33,24 @@ class Backend:
     Invariants the manager relies on: ``free_units(t)`` never goes below zero
     through the manager's calls (it makes room first); ``write_ssd`` is only
     called after ``free_units(SSD)`` showed room for the job, and the units
-    count as used from that call on; the job's DRAM sources are read before
-    ``write_ssd`` returns, so the manager may free them right after.
+    count as used from that call on; a job's DRAM sources are read before
+    ``write_ssd`` returns, so the manager may free them right after -- except
+    a ``held`` job's, which the manager keeps allocated and unchanged until
+    the job completes (an asynchronous backend reads them when it writes).
+
+    Write-behind (asynchronous backends): up to ``write_behind`` DRAM victims
+    whose SSD write is queued keep their slots, and stay readable, until the
+    write lands. Those slots are outside ``capacity(DRAM)``: ``retain`` moves
+    a victim's slot there (its unit counts as free at once, as if the victim
+    had left) and ``unretain`` gives the reserve back when it is freed.
     """
 
     #: writes complete later, on another thread (the manager then tracks them)
     asynchronous: bool = False
     #: capacity units one state checkpoint occupies
     state_units: int = 0
+    #: DRAM victims that may stay readable while their SSD write is queued
+    write_behind: int = 0
 
     def bind(self, on_written: WriteDone) -> None:
         """Called once by the manager: where SSD completions go."""
@@ -70,6 +80,23 @@ class Backend:
         """Starts the job; False if it was refused (a full queue): nothing was written."""
         raise NotImplementedError
 
+    _retained: int = 0
+
+    def write_behind_room(self) -> int:
+        """Victims that can still be retained (see the class docstring)."""
+        return self.write_behind - self._retained
+
+    def retain(self, count: int) -> None:
+        if count > self.write_behind_room():
+            raise RuntimeError(f"retain: {count} victims, {self.write_behind_room()} "
+                               "write-behind slots free")
+        self._retained += count
+
+    def unretain(self, count: int) -> None:
+        if count > self._retained:
+            raise RuntimeError(f"unretain: {count} victims, {self._retained} retained")
+        self._retained -= count
+
     def reclaim_ssd(self, units: int) -> int:
         """Frees up to `units` of SSD space the index does not know about (blocks
         found after a restart that nobody asked for); returns units freed."""
@@ -80,16 +107,20 @@ class CountingBackend(Backend):
     """The replay's backend: capacities and use counts, no bytes. Writes
     complete at once."""
 
-    def __init__(self, capacity: dict[Tier, int], *, state_units: int = 0) -> None:
+    def __init__(self, capacity: dict[Tier, int], *, state_units: int = 0,
+                 write_behind: int = 0) -> None:
         self._capacity = {t: int(capacity.get(t, 0)) for t in Tier}
         self.used = {t: 0 for t in Tier}
         self.state_units = int(state_units)
+        self.write_behind = int(write_behind)  # only an asynchronous subclass retains
 
     def capacity(self, tier: Tier) -> int:
         return self._capacity[tier]
 
     def free_units(self, tier: Tier) -> int:
-        return self._capacity[tier] - self.used[tier]
+        # a retained victim's unit is used but no longer the cache's
+        held = self._retained if tier == Tier.DRAM else 0
+        return self._capacity[tier] - self.used[tier] + held
 
     def alloc(self, tier: Tier, count: int) -> np.ndarray:
         self.used[tier] += count

@@ -26,6 +26,20 @@ One request, in the order the engine and the replay both follow::
 
 Invariants:
 
+* a reader sees only ready copies. ``prepare_store`` / ``prepare_promotion``
+  / ``prepare_checkpoint`` make *filling* copies (the index keeps the state:
+  ``RadixIndex`` answers every read with ready copies only); the matching
+  ``complete_*(success=True)`` makes them ready, a failure removes them. So
+  ``lookup``, ``prepare_load`` (which falls back to a ready copy in another
+  tier, else ends the prefix there), admission's SSD writes, promotion and
+  another engine through the node server never read a slot before its
+  bytes are in it;
+* nothing on its way to the SSD is lost (asynchronous backends): a DRAM
+  victim whose SSD write is queued keeps its slot and stays readable until
+  the write lands, then it is an SSD block (write-behind: the shallowest
+  ``Backend.write_behind`` victims at a time; past that a victim is written
+  from a copy and is a miss until it lands, counted in
+  ``stats.write_behind_full``); a failed write ends in a clean miss;
 * the index is the only authority on residency: a slot is used only while
   the index maps a key to it and freed only after the index dropped it;
 * a ``prepare_*`` call locks the blocks it hands out until its
@@ -37,7 +51,12 @@ Invariants:
 * a DRAM victim's bytes are handed to the SSD writer before its slot is
   freed; a victim's checkpoint leaves the tier with it.
 
-Not thread-safe: ``TieredCache`` serialises calls with its lock.
+Not thread-safe: ``TieredCache`` serialises calls with its lock. In the
+replay every fill and every SSD write completes inside the call that asked
+for it (``CountingBackend`` is synchronous, the replay's mover fills before
+it completes), so no reader ever meets a filling copy or a write in flight
+there: readiness changes what a lookup sees in the engine only, and the
+replay's decisions are the engine's.
 """
 
 from __future__ import annotations
@@ -71,7 +90,14 @@ class CacheManager:
         self.stats = CacheStats()
         #: the SSD tier exists and the policy can write to it
         self.ssd_on = backend.capacity(SSD) > 0 and not admission.writes_nothing
-        self._pending: set[bytes] = set()  # SSD writes in flight (asynchronous backends)
+        self._pending: set[bytes] = set()  # block SSD writes in flight (asynchronous backends)
+        self._pending_states: set[bytes] = set()  # checkpoint writes in flight, by block key
+        self._doomed: set[bytes] = set()   # removed by their owner while in flight
+        self._behind: set[bytes] = set()   # victims kept in DRAM until their write lands
+        self._linger: set[bytes] = set()   # landed victims a reader still holds
+        # Blocks a request touched while their DRAM copy was filling: early
+        # persistence asks about them once they are ready.
+        self._deferred: set[bytes] = set()
         self._written: list[tuple[np.ndarray, bool]] | None = [] if record_writes else None
         backend.bind(self.complete_ssd_write)
         #: how long blocks sat idle before requests came back (kept only for
@@ -138,7 +164,7 @@ class CacheManager:
         served, the prefix before the first failure."""
         n = spec.num_blocks
         if n:
-            self.index.unlock(spec.path)
+            self._unlock(spec.path)
         served = n
         if failed is not None and len(failed):
             failed = np.unique(np.asarray(failed, np.int64))
@@ -154,7 +180,7 @@ class CacheManager:
         not schedule it, or its copy failed for a reason of its own): unlocks
         it; no hit is counted and every copy stays."""
         if spec.num_blocks:
-            self.index.unlock(spec.path)
+            self._unlock(spec.path)
 
     def _drop_failed(self, spec: LoadSpec, failed: np.ndarray) -> None:
         self.stats.ssd_read_failures += int(failed.size)
@@ -180,10 +206,19 @@ class CacheManager:
         return key in self._pending
 
     def remove(self, keys: np.ndarray) -> int:
-        """An owner's delete: every DRAM and SSD copy of the listed blocks
-        (independent keys, any order, none locked) leaves the cache; their
-        history stays. Returns the copies dropped."""
+        """An owner's delete: every ready DRAM and SSD copy of the listed
+        blocks (independent keys, any order, none locked by a reader) leaves
+        the cache; their history stays. A block on its way to the SSD gets no
+        SSD copy when its write lands, and a victim kept readable meanwhile
+        leaves DRAM then. Returns the copies dropped, a deferred one counting
+        as one."""
         dropped = 0
+        if self._pending:
+            later = np.array([bytes(k) in self._pending for k in keys], bool)
+            self._doomed.update(map(bytes, keys[later]))
+            behind = np.array([bytes(k) in self._behind for k in keys], bool)
+            dropped += int(np.count_nonzero(behind))
+            keys = keys[~behind]
         for tier in (DRAM, SSD):
             here = np.array([self.index.slot_of(bytes(k), tier) is not None for k in keys], bool)
             if here.any():
@@ -243,12 +278,18 @@ class CacheManager:
         n = spec.num_blocks
         keys = spec.keys
         if not success:
-            if n:
-                self.index.unlock(spec.path)
+            if n:  # filling copies: no reader saw them, no event announced them
+                self._unlock(spec.path)
                 self.backend.free(DRAM, self.index.remove(keys, DRAM))
-                if self.events is not None:
-                    self.events.removed(DRAM, keys)
+                if self._deferred:
+                    self._deferred.difference_update(map(bytes, keys))
             return 0
+        if n:
+            self.index.set_ready(keys, DRAM)
+            if self.events is not None:
+                self.events.stored(DRAM, spec.path, spec.positions)
+            if self._deferred and self.ssd_on:
+                self._admit_deferred(spec)
         if spec.promotion:
             self.stats.promoted_blocks += n
         else:
@@ -258,7 +299,7 @@ class CacheManager:
             if spec.direct.size:
                 self._write_direct(spec, direct_rows)
         if n:
-            self.index.unlock(spec.path)
+            self._unlock(spec.path)
         return n
 
     def place(self, keys: np.ndarray, tier: Tier, *, session: int = 0) -> int:
@@ -296,9 +337,11 @@ class CacheManager:
         ck = ck.copy()
         key = path[n - 1]
         fill = None
+        if self.hybrid:  # another request's checkpoint still filling is not superseded
+            ck_fill = self.index.filling(keys)[1]
         with self._pinned(path[:min(keep, n)]):
             for tier in (GPU, DRAM):
-                older = np.flatnonzero((ck[:n - 1] & tier.bit) != 0)
+                older = np.flatnonzero(((ck[:n - 1] & ~ck_fill[:n - 1]) & tier.bit) != 0)
                 if tier == DRAM and older.size and self.ssd_on:
                     self._admit_superseded(path, older, ck)
                 for p in older:
@@ -309,7 +352,8 @@ class CacheManager:
                 units = self.backend.state_units
                 if self._make_room(tier, units, None) >= units:
                     handle = self.backend.alloc_state(tier)
-                    self.index.add_checkpoint(bytes(key), tier, handle)
+                    # the DRAM copy is filling until the mover copied the state in
+                    self.index.add_checkpoint(bytes(key), tier, handle, filling=tier == DRAM)
                     ck[n - 1] |= tier.bit
                     if tier == DRAM:
                         fill = handle
@@ -322,11 +366,14 @@ class CacheManager:
         key = spec.path[-1]
         if not success and spec.dram_handle is not None:
             self.backend.free_state(DRAM, self.index.remove_checkpoint(bytes(key), DRAM))
-        elif self.ssd_on and self.index.checkpoint_slot(bytes(key), SSD) is None:
-            dram = self.index.checkpoint_slot(bytes(key), DRAM)
-            if dram is not None and self.admission.on_create(spec.path[-1:], self.now())[0]:
-                self._write_state(key, dram)
-        self.index.unlock(spec.path)
+        else:
+            if spec.dram_handle is not None:
+                self.index.set_checkpoint_ready(bytes(key), DRAM)
+            if self.ssd_on and self.index.checkpoint_slot(bytes(key), SSD) is None:
+                dram = self.index.checkpoint_slot(bytes(key), DRAM)
+                if dram is not None and self.admission.on_create(spec.path[-1:], self.now())[0]:
+                    self._write_state(key, dram)
+        self._unlock(spec.path)
 
     # ------------------------------------------------------------- restart
 
@@ -364,11 +411,23 @@ class CacheManager:
         under the cache's lock)."""
         keys = job.keys
         if self.backend.asynchronous:
-            self._pending.difference_update(map(bytes, keys))
+            self._in_flight(job).difference_update(map(bytes, keys))
         handles = np.asarray(handles, np.int64)
         ok = handles >= 0
         self.stats.ssd_write_failures += int(np.count_nonzero(~ok))
-        keys, handles = keys[ok], handles[ok]
+        if self._doomed and not job.state:  # removed while in flight: the copy goes back at once
+            doomed = np.array([bytes(k) in self._doomed for k in keys], bool)
+            self._doomed.difference_update(map(bytes, keys[doomed]))
+            self._free_ssd(job, handles[doomed & ok])
+            ok &= ~doomed
+        try:
+            self._add_written(job, ok, handles)
+        finally:
+            if self._behind and not job.state:
+                self._end_behind(keys)
+
+    def _add_written(self, job: SsdWrite, ok: np.ndarray, handles: np.ndarray) -> None:
+        keys, handles = job.keys[ok], handles[ok]
         if keys.shape[0] == 0:
             return
         if job.state:
@@ -386,6 +445,37 @@ class CacheManager:
         if self._written is not None and keys.shape[0]:
             self._written.append((keys, job.state))
 
+    def _free_ssd(self, job: SsdWrite, handles: np.ndarray) -> None:
+        if handles.size:
+            if job.state:
+                for h in handles:
+                    self.backend.free_state(SSD, int(h))
+            else:
+                self.backend.free(SSD, handles)
+
+    def _end_behind(self, keys: np.ndarray) -> None:
+        """A write completed (landed, failed or dropped): the victims among
+        `keys` kept in DRAM for it leave DRAM -- now, or when the last reader
+        of them lets go."""
+        mine = np.array([bytes(k) in self._behind for k in keys], bool)
+        if not mine.any():
+            return
+        keys = keys[mine]
+        self._behind.difference_update(map(bytes, keys))
+        free = self.index.release(keys)
+        self._linger.update(map(bytes, keys[~free]))
+        if free.any():
+            self._leave_dram(keys[free], retained=int(free.sum()))
+
+    def _leave_dram(self, keys: np.ndarray, retained: int) -> None:
+        """Ready DRAM copies nobody holds leave; `retained` of them had
+        write-behind slots."""
+        self.backend.free(DRAM, self.index.remove(keys, DRAM))
+        if retained:
+            self.backend.unretain(retained)
+        if self.events is not None:
+            self.events.removed(DRAM, keys)
+
     # ------------------------------------------------- admission (one place)
 
     def _admit_accessed(self, path: np.ndarray) -> None:
@@ -395,6 +485,8 @@ class CacheManager:
         the write skips those already on the SSD."""
         h = self.index.history(path)
         masks, ckpt = h["tiers"], h["checkpoints"]
+        if h["filling"].any():  # no reader of an unfilled slot: asked again when it is ready
+            self._deferred.update(map(bytes, path[(h["filling"] & DRAM.bit) != 0]))
         resident = np.flatnonzero((masks & DRAM.bit) != 0)
         if resident.size == 0:
             return
@@ -403,6 +495,22 @@ class CacheManager:
                                         last_access=h["last_access"][resident], depth=resident,
                                         on_ssd=(masks[resident] & SSD.bit) != 0)
         self._persist_path(path, resident[want], masks, ckpt, pin=path)
+
+    def _admit_deferred(self, spec: StoreSpec) -> None:
+        """Early persistence of blocks a request touched while they were
+        filling (engine only: the replay never touches a filling block), now
+        that their bytes are in place, with their history as it stands."""
+        mine = np.array([bytes(k) in self._deferred for k in spec.keys], bool)
+        if not mine.any():
+            return
+        self._deferred.difference_update(map(bytes, spec.keys[mine]))
+        h = self.index.history(spec.path)
+        pos = spec.positions[mine]
+        masks = h["tiers"]
+        want = self.admission.on_access(spec.path[pos], h["reuse"][pos], h["hits"][pos],
+                                        self.now(), last_access=h["last_access"][pos], depth=pos,
+                                        on_ssd=(masks[pos] & SSD.bit) != 0)
+        self._persist_path(spec.path, pos[want], masks, h["checkpoints"], pin=spec.path)
 
     def _admit_created(self, spec: StoreSpec) -> None:
         """Write-through: blocks just stored in DRAM. Their residency is the
@@ -415,49 +523,58 @@ class CacheManager:
         ckpt = self.index.residency(spec.path)[2] if self.hybrid else masks
         self._persist_path(spec.path, spec.positions[want], masks, ckpt)
 
-    def _admit_victims(self, ev) -> None:
+    def _admit_victims(self, ev) -> np.ndarray | None:
         """DRAM victims (their ``dram_evictions`` counts this eviction); a
-        victim's DRAM checkpoint shares its block's decision."""
+        victim's DRAM checkpoint shares its block's decision. Returns the
+        victims that keep their slot until their write lands (write-behind),
+        or None."""
         want = self.admission.on_evict(ev.keys, ev.reuse, ev.hits, ev.dram_evictions, self.now(),
                                        last_access=ev.last_access, depth=ev.depth,
                                        on_ssd=(ev.tiers_after & SSD.bit) != 0)
         blocks = want & ((ev.tiers_after & SSD.bit) == 0)
-        if blocks.any():
-            self._write_blocks(ev.keys[blocks], ev.slots[blocks])
+        kept = np.zeros(len(ev), bool)
+        if blocks.any() or self._pending:
+            kept[self._write_victims(ev.keys, ev.slots, ev.depth, blocks)[1]] = True
         if self.hybrid:
             ck = ((ev.checkpoints & DRAM.bit) != 0) & ((ev.checkpoints & SSD.bit) == 0)
             for i in np.flatnonzero(ck):
                 if want[i]:  # the checkpoint shares its block's decision
                     self._write_state(ev.keys[i], self.index.checkpoint_slot(bytes(ev.keys[i]), DRAM))
                 else:
-                    self._admit_context(ev, i)
+                    kept[i] |= self._admit_context(ev, i, bool(kept[i]))
+        return kept if self.backend.asynchronous and kept.any() else None
 
-    def _admit_context(self, ev, i: int) -> None:
+    def _admit_context(self, ev, i: int, kept: bool) -> bool:
         """Session-level admission of a hybrid model's state: a checkpoint
         leaving DRAM whose block admission refused is persisted when its
         *context* (the path up to it) proved reuse -- the strongest history
         along the path, this eviction counted -- together with every KV block
         of the path not on the SSD yet, so an SSD hit ends at a usable
-        boundary. A path with a block cached nowhere could never use it."""
+        boundary. A path with a block cached nowhere could never use it.
+        `kept`: the victim is in DRAM already, its write queued. Returns
+        whether the victim keeps its slot until its write lands."""
         key = ev.keys[i]
         path = self.index.path_to(bytes(key))
         h = self.index.history(path)
         masks = h["tiers"]
         if not (masks[:-1] != 0).all():
-            return
+            return False
         evictions = max(int(ev.dram_evictions[i]), int(h["dram_evictions"][:-1].max(initial=0)) + 1)
         now = self.now()
         if not self.admission.on_context(int(h["reuse"].max()), int(h["hits"].max()), evictions,
                                          now, last_access=float(ev.last_access[i]),
                                          depth=path.shape[0] - 1):
-            return
+            return False
         pos = np.flatnonzero(((masks[:-1] & DRAM.bit) != 0) & ((masks[:-1] & SSD.bit) == 0))
-        keys, sources = path[pos], self.index.slots_in(path, DRAM)[0][pos]
-        if not ev.tiers_after[i] & SSD.bit:  # the victim itself: its slot is freed after this
-            keys, sources = np.concatenate([keys, key[None]]), np.append(sources, ev.slots[i])
-        written = self._write_blocks(keys, sources)
-        self.admission.charge(written.size, now)
+        written = self._write_blocks(path[pos], self.index.slots_in(path, DRAM)[0][pos]).size
+        if not kept and not ev.tiers_after[i] & SSD.bit:  # the victim: its slot is freed after this
+            done, behind = self._write_victims(key[None], ev.slots[i:i + 1], ev.depth[i:i + 1],
+                                               np.ones(1, bool))
+            written += done.size
+            kept = bool(behind.size)
+        self.admission.charge(written, now)
         self._write_state(key, self.index.checkpoint_slot(bytes(key), DRAM), decided=1)
+        return kept
 
     def _admit_superseded(self, path: np.ndarray, older: np.ndarray, ck: np.ndarray) -> None:
         h = self.index.history(path[: int(older[-1]) + 1])
@@ -489,19 +606,82 @@ class CacheManager:
 
     def _write_blocks(self, keys: np.ndarray, sources: np.ndarray,
                       pin: np.ndarray | None = None) -> np.ndarray:
-        """Asks the backend to write `keys` (bytes in DRAM at `sources`) after
-        making room; returns the indices (into `keys`) that were submitted."""
+        """Asks the backend to write `keys` (bytes in ready DRAM copies at
+        `sources`, copied when the write is submitted) after making room;
+        returns the indices (into `keys`) that were submitted."""
+        return self._write(keys, sources, self._not_pending(keys), pin, retain=False)
+
+    def _write_victims(self, keys: np.ndarray, sources: np.ndarray, depth: np.ndarray,
+                       write: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """SSD writes of the DRAM victims `write` selects (their slots at
+        `sources`, their `depth` in their prefix), as ``_write_blocks``. On
+        an asynchronous backend the victims whose write is queued -- these
+        ones or earlier ones -- go back into DRAM, held, until it lands:
+        ``write_behind_room`` of them, the shallowest (a deeper block is no
+        hit without its prefix). They stay readable, and a new write reads
+        their slots when it runs. The others are written from a copy (a miss
+        until they land; counted). Returns (submitted, kept) indices."""
+        if not self.backend.asynchronous:
+            return self._write(keys, sources, np.flatnonzero(write), None, retain=False), \
+                np.zeros(0, np.int64)
+        queued = np.zeros(keys.shape[0], bool)
+        if self._pending:
+            queued = np.array([bytes(k) in self._pending for k in keys], bool)
+        write = write & ~queued
+        going = np.flatnonzero(write | queued)
+        keep = np.zeros(keys.shape[0], bool)
+        keep[going[np.argsort(depth[going], kind="stable")[:self.backend.write_behind_room()]]] = True
+        stay = np.flatnonzero(keep & queued)
+        if stay.size:
+            self._retain(keys[stay], sources[stay])
+        kept = self._write(keys, sources, np.flatnonzero(keep & write), None, retain=True)
+        self.stats.write_behind_full += int(np.count_nonzero((write | queued) & ~keep))
+        rest = self._write(keys, sources, np.flatnonzero(write & ~keep), None, retain=False)
+        return np.concatenate([kept, rest]), np.sort(np.concatenate([stay, kept]))
+
+    def _not_pending(self, keys: np.ndarray) -> np.ndarray:
         idx = np.arange(keys.shape[0])
         if self._pending:
             idx = idx[[bytes(k) not in self._pending for k in keys]]
+        return idx
+
+    def _write(self, keys: np.ndarray, sources: np.ndarray, idx: np.ndarray,
+               pin: np.ndarray | None, *, retain: bool) -> np.ndarray:
+        """Submits ``keys[idx]``; with `retain`, victims kept in DRAM whose
+        slots the backend reads when it writes (``SsdWrite.held``)."""
         if idx.size == 0:
             return idx
+        if retain:  # before making SSD room: nothing may drop the victims' nodes meanwhile
+            self._retain(keys[idx], sources[idx])
         room = self._make_room(SSD, idx.size, None, pin=pin)
         self.stats.writes_dropped += int(idx.size) - room
+        if retain and room < idx.size:
+            self._unretain(keys[idx[room:]])
         idx = idx[:room]
-        if idx.size and not self._submit(SsdWrite(keys[idx], sources[idx])):
+        if idx.size == 0:
+            return idx
+        job = SsdWrite(keys[idx], sources[idx], held=retain)
+        if not self._submit(job):
+            if retain:
+                self._unretain(job.keys)
             return idx[:0]
         return idx
+
+    def _retain(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Victims back into DRAM at their slots, held until their write
+        completes (write-behind)."""
+        self.index.add_existing(keys, DRAM, slots)
+        self.backend.retain(keys.shape[0])
+        self.index.hold(keys)
+        self._behind.update(map(bytes, keys))
+
+    def _unretain(self, keys: np.ndarray) -> None:
+        """Undoes ``_retain`` for victims whose write was not submitted: they
+        leave DRAM after all (their slots are freed with the other victims')."""
+        self.index.release(keys)
+        self.index.remove(keys, DRAM)
+        self.backend.unretain(keys.shape[0])
+        self._behind.difference_update(map(bytes, keys))
 
     def _write_direct(self, spec: StoreSpec, rows: np.ndarray | None) -> None:
         """Writes new blocks that DRAM could not take straight to the SSD."""
@@ -521,7 +701,7 @@ class CacheManager:
         """Writes a checkpoint; admission is charged its units (less the
         `decided` ones its own decision already spent)."""
         units = self.backend.state_units
-        if dram_handle is None or (self._pending and bytes(key) in self._pending):
+        if dram_handle is None or bytes(key) in self._pending_states:
             return False
         if self._make_room(SSD, units, None, pin=pin) < units:
             self.stats.writes_dropped += 1
@@ -532,13 +712,16 @@ class CacheManager:
 
     def _submit(self, job: SsdWrite) -> bool:
         if self.backend.asynchronous:
-            self._pending.update(map(bytes, job.keys))
+            self._in_flight(job).update(map(bytes, job.keys))
         if self.backend.write_ssd(job):
             return True
         if self.backend.asynchronous:
-            self._pending.difference_update(map(bytes, job.keys))
+            self._in_flight(job).difference_update(map(bytes, job.keys))
         self.stats.writes_dropped += int(job.keys.shape[0])
         return False
+
+    def _in_flight(self, job: SsdWrite) -> set[bytes]:
+        return self._pending_states if job.state else self._pending
 
     def _add_ssd_copies(self, keys: np.ndarray, handles: np.ndarray) -> np.ndarray:
         """Gives written blocks SSD residency; returns the keys that took it."""
@@ -593,10 +776,9 @@ class CacheManager:
             return _empty_store(keys, promotion)
         slots = self.backend.alloc(DRAM, pos.size)
         path = keys[: int(pos[-1]) + 1].copy()
-        self.index.add(path, DRAM, slots, where=pos, session=session)
+        # filling: no reader sees the slots before complete_store says they hold the bytes
+        self.index.add(path, DRAM, slots, where=pos, session=session, filling=True)
         self.index.lock(path)
-        if self.events is not None:
-            self.events.stored(DRAM, path, pos)
         return StoreSpec(path, pos, slots, masks[pos].copy(), promotion)
 
     def _make_room(self, tier: Tier, want: int, older_than: float | None,
@@ -620,15 +802,17 @@ class CacheManager:
         return max(0, min(want, free))
 
     def _evicted(self, tier: Tier, ev) -> None:
+        kept = None
         if tier == DRAM:
             self.stats.dram_evictions += len(ev)
             if self.ssd_on:
-                self._admit_victims(ev)  # reads the victims' slots: before they are freed
+                kept = self._admit_victims(ev)  # reads the victims' slots: before they are freed
         elif tier == SSD:
             self.stats.ssd_evictions += len(ev)
-        self.backend.free(tier, ev.slots)
+        gone = ev.keys if kept is None else ev.keys[~kept]  # write-behind victims stay for now
+        self.backend.free(tier, ev.slots if kept is None else ev.slots[~kept])
         if self.events is not None and tier != GPU:
-            self.events.removed(tier, ev.keys)
+            self.events.removed(tier, gone)
         if self.hybrid:
             for key in ev.keys[(ev.checkpoints & tier.bit) != 0]:
                 self.backend.free_state(tier, self.index.remove_checkpoint(bytes(key), tier))
@@ -639,6 +823,22 @@ class CacheManager:
         out = np.zeros(keys.shape[0], np.uint8)
         out[:known] = masks
         return known, out
+
+    def _unlock(self, path: np.ndarray) -> None:
+        """Unlocks a spec's path; written blocks a reader of it was still
+        holding leave DRAM now (see ``_end_behind``)."""
+        self.index.unlock(path)
+        if not self._linger:
+            return
+        keys = [k for k in dict.fromkeys(map(bytes, path)) if k in self._linger]
+        if not keys:
+            return
+        arr = np.frombuffer(b"".join(keys), np.uint8).reshape(-1, 32)
+        self.index.hold(arr)  # a hold and a release tell which ones nobody holds now
+        free = self.index.release(arr)
+        if free.any():
+            self._linger.difference_update(k for k, f in zip(keys, free) if f)
+            self._leave_dram(arr[free], int(free.sum()))
 
     @contextlib.contextmanager
     def _pinned(self, path: np.ndarray | None):

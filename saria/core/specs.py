@@ -113,6 +113,10 @@ class SsdWrite:
     rows: np.ndarray | None = None
     path: np.ndarray | None = None
     positions: np.ndarray | None = None
+    # ``held``: the core keeps the DRAM slots at ``sources`` (write-behind
+    # victims, readable meanwhile) until the write completes, so an
+    # asynchronous backend reads the bytes when it writes them.
+    held: bool = False
 
 
 @dataclass(slots=True)
@@ -130,4 +134,5 @@ class CacheStats:
     ssd_write_failures: int = 0
     ssd_read_failures: int = 0
     writes_dropped: int = 0         # no SSD room, or the backend's queue was full
+    write_behind_full: int = 0      # victims written from a copy: not readable until they landed
     adopted_blocks: int = 0         # SSD blocks found after a restart, put back in the index

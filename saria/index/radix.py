@@ -8,6 +8,15 @@ every tier stays as a metadata-only node until the metadata budget
 (``max_blocks``) needs the room; those nodes leave in their own LRU order,
 childless first, so the tree never breaks.
 
+Readiness. A copy in a tier is *ready* once its bytes are in place, *filling*
+while a slot is taken and the bytes are on their way (``add(filling=True)``
+until ``set_ready``). What a reader may see is the structure's own rule, not
+its callers': ``match``, ``history``, ``slots_in``, ``slot_of`` and
+``checkpoint_slot`` answer with ready copies only, so a filling copy is no
+copy for a lookup, a load or an SSD write that reads a slot; it is never an
+eviction victim either. ``residency`` answers which slots are *taken* (ready
+or filling): what placement needs so that a block never gets a second slot.
+
 The tree and its recency lists live in the native core (``saria._native``);
 this class validates every argument before it reaches the core (a bad call
 raises and leaves the index unchanged), converts keys, and serialises access
@@ -102,7 +111,7 @@ class RadixIndex:
         arr = as_keys(keys)
         with self._lock:
             (n_known, n_avail, n_tbt, _first, n_usable, ckpt_tier, ckpt_slot,
-             masks, slots, ckpt_masks) = self._core.match(arr)
+             masks, slots, ckpt_masks, _fill) = self._core.match(arr)
         n = int(n_usable)
         tiers = _FASTEST[masks[:n]]
         checkpoint = None
@@ -121,33 +130,47 @@ class RadixIndex:
         )
 
     def residency(self, keys: KeysLike) -> tuple[int, np.ndarray, np.ndarray]:
-        """``(num_known, masks, checkpoint_masks)`` of `keys`: ``match``
-        without the plan, for callers that only need the masks. Read-only."""
+        """``(num_known, masks, checkpoint_masks)`` of `keys`: the tiers in
+        which each known block's KV and checkpoint hold a slot, ready *or
+        filling* -- what placement needs, never what a reader may use (that
+        is ``match``). Read-only."""
         arr = as_keys(keys)
         with self._lock:
-            n_known, *_, masks, _slots, ckpt_masks = self._core.match(arr)
+            n_known, *_, masks, _slots, ckpt_masks, fill = self._core.match(arr)
         n_known = int(n_known)
-        return n_known, masks[:n_known], ckpt_masks[:n_known]
+        return (n_known, masks[:n_known] | (fill[:n_known] & 0x0F),
+                ckpt_masks[:n_known] | (fill[:n_known] >> 4))
+
+    def filling(self, keys: KeysLike) -> tuple[np.ndarray, np.ndarray]:
+        """``(masks, checkpoint_masks)`` of the known leading blocks of
+        `keys`: the tiers in which each holds a filling copy. Read-only."""
+        arr = as_keys(keys)
+        with self._lock:
+            n_known, *_, fill = self._core.match(arr)
+        fill = fill[:int(n_known)]
+        return fill & 0x0F, fill >> 4
 
     def history(self, keys: KeysLike) -> dict[str, np.ndarray]:
         """History of the known leading blocks of `keys` as parallel arrays:
         ``reuse``, ``hits``, ``dram_evictions``, ``last_access``, and their
-        residency: ``tiers`` and ``checkpoints`` masks. Read-only."""
+        ready copies: ``tiers`` and ``checkpoints`` masks (``filling``: the
+        tiers of their filling KV copies). Read-only."""
         arr = as_keys(keys)
         with self._lock:
             return dict(self._core.history(arr))
 
-    def slot_of(self, key: bytes, tier: Tier | int | str) -> int | None:
-        """Slot of one block in one tier, or None if it is not there."""
+    def slot_of(self, key: bytes, tier: Tier | int | str, *, ready: bool = True) -> int | None:
+        """Slot of one block's ready copy in one tier, or None if it has
+        none there; with ``ready=False`` a filling copy's slot too."""
         t = Tier.parse(tier)
         with self._lock:
-            slot = int(self._core.slot_of(_one_key(key), int(t)))
+            slot = int(self._core.slot_of(_one_key(key), int(t), bool(ready)))
         return None if slot == NO_SLOT else slot
 
     def slots_in(self, keys: KeysLike, *tiers: Tier | int | str) -> tuple[np.ndarray, np.ndarray]:
         """For each known leading block of `keys`: its slot in the fastest of
-        `tiers` holding it, and that tier (``NO_SLOT`` and -1 where none of
-        them does). Read-only."""
+        `tiers` holding a ready copy, and that tier (``NO_SLOT`` and -1 where
+        none of them does). Read-only."""
         arr = as_keys(keys)
         mask = 0
         for t in tiers:
@@ -162,11 +185,13 @@ class RadixIndex:
         with self._lock:
             return self._core.path_to(_one_key(key))
 
-    def checkpoint_slot(self, key: bytes, tier: Tier | int | str) -> int | None:
-        """Slot of the checkpoint after block `key` in `tier`, or None."""
+    def checkpoint_slot(self, key: bytes, tier: Tier | int | str, *,
+                        ready: bool = True) -> int | None:
+        """Slot of the ready checkpoint after block `key` in `tier`, or None;
+        with ``ready=False`` a filling one's too."""
         t = Tier.parse(tier)
         with self._lock:
-            slot = int(self._core.ckpt_slot_of(_one_key(key), int(t)))
+            slot = int(self._core.ckpt_slot_of(_one_key(key), int(t), bool(ready)))
         return None if slot == NO_SLOT else slot
 
     def now(self) -> float:
@@ -217,15 +242,17 @@ class RadixIndex:
             return int(self._core.touch(arr, hits, checkpoint_at, self._now(now)))
 
     def add(self, keys: KeysLike, tier: Tier | int | str, slots: Any, *,
-            where: Any = None, session: int = 0, now: float | None = None) -> int:
+            where: Any = None, session: int = 0, filling: bool = False,
+            now: float | None = None) -> int:
         """Makes blocks resident in `tier`, creating nodes as needed.
 
         `where` lists the positions (ascending) in `keys` that become resident,
         with `slots` their slot handles; by default every position. Missing
         nodes on the path are created (as metadata-only nodes if not in
         `where`) with `session` as creator. Raises if a block already holds
-        `tier` or a key is indexed under a different prefix. Returns the
-        number of nodes created.
+        `tier` or a key is indexed under a different prefix. With `filling`
+        the new copies are filling until ``set_ready``. Returns the number of
+        nodes created.
         """
         arr = as_keys(keys)
         t = Tier.parse(tier)
@@ -239,7 +266,18 @@ class RadixIndex:
                 f"add: {slot_arr.shape[0]} slots for {where_arr.shape[0]} positions")
         session = _u32("session", session)
         with self._lock:
-            return int(self._core.add(arr, int(t), where_arr, slot_arr, session, self._now(now)))
+            return int(self._core.add(arr, int(t), where_arr, slot_arr, session, self._now(now),
+                                      bool(filling)))
+
+    def set_ready(self, keys: KeysLike, tier: Tier | int | str, *,
+                  now: float | None = None) -> None:
+        """The filling copies in `tier` of the listed blocks (any order, no
+        repeats) hold their bytes now: readers see them from here on. Raises
+        if a block has no filling copy there."""
+        arr = as_keys(keys)
+        t = Tier.parse(tier)
+        with self._lock:
+            self._core.set_ready(arr, int(t), self._now(now))
 
     def add_existing(self, keys: KeysLike, tier: Tier | int | str, slots: Any, *,
                      now: float | None = None) -> None:
@@ -284,16 +322,38 @@ class RadixIndex:
         with self._lock:
             self._core.unlock(arr, self._now(now))
 
+    def hold(self, keys: KeysLike) -> None:
+        """Locks independent blocks (any order, no repeats, all indexed),
+        not their paths: e.g. the DRAM copies an SSD write is reading."""
+        arr = as_keys(keys)
+        with self._lock:
+            self._core.hold(arr)
+
+    def release(self, keys: KeysLike, *, now: float | None = None) -> np.ndarray:
+        """Drops one ``hold`` (or lock) of each listed block; returns, per
+        block, whether no lock is left on it. Counts as a use."""
+        arr = as_keys(keys)
+        with self._lock:
+            return self._core.release(arr, self._now(now)).astype(bool)
+
     # -------------------------------------------------------- checkpoints
 
     def add_checkpoint(self, key: bytes, tier: Tier | int | str, slot: int, *,
-                       now: float | None = None) -> None:
+                       filling: bool = False, now: float | None = None) -> None:
         """Records a state checkpoint at the boundary after the block `key`
-        (hybrid indexes only). It shares that block's history."""
+        (hybrid indexes only), filling until ``set_checkpoint_ready`` when
+        `filling`. It shares that block's history."""
         t = Tier.parse(tier)
         slot = _u32("slot", slot)
         with self._lock:
-            self._core.ckpt_add(_one_key(key), int(t), slot, self._now(now))
+            self._core.ckpt_add(_one_key(key), int(t), slot, self._now(now), bool(filling))
+
+    def set_checkpoint_ready(self, key: bytes, tier: Tier | int | str, *,
+                             now: float | None = None) -> None:
+        """A filling checkpoint's bytes are in place: readers see it."""
+        t = Tier.parse(tier)
+        with self._lock:
+            self._core.ckpt_set_ready(_one_key(key), int(t), self._now(now))
 
     def remove_checkpoint(self, key: bytes, tier: Tier | int | str, *,
                           now: float | None = None) -> int:

@@ -39,8 +39,17 @@ the first 16 bytes of its digest, 40 bytes of the caller's meta) and the
 bytes, in a block of ``chunk_bytes + 64``; a smaller chunk is padded. A load
 for a buffer of another size, a header that is not this chunk's, or an SSD
 copy whose crc32c or key fails is a miss -- never wrong bytes; a failed SSD
-copy leaves the tier. A store fills its slot under the cache's lock, so no
-lookup, load or admission sees a slot half written.
+copy leaves the tier. A store fills its slot under the cache's lock, and the
+core shows no reader a copy before it is complete (readiness), so no lookup,
+load or admission sees a slot half written.
+
+Nothing stored is lost on its way to the SSD: a buffer victim admission
+writes stays readable in its DRAM slot until the write lands (the core's
+write-behind, ``write_behind`` slots beside the buffer). With
+``backpressure`` (the MP adapter, whose stores run on a thread of their own)
+a store waits for a write-behind slot rather than let a victim go unread;
+without it (the in-engine plugin, on LMCache's store path) a victim past the
+reserve is written from a copy and is a miss until it lands.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -59,6 +69,7 @@ from saria.core import LoadSpec
 from saria.errors import ConfigError
 from saria.index import Tier
 from saria.lmcache.params import AdapterParams
+from saria.policy import make_admission
 from saria.runtime.cache import CacheConfig, TieredCache
 
 log = logging.getLogger(__name__)
@@ -71,6 +82,7 @@ _MAGIC = b"SLMC"
 _META = "saria-lmcache.json"
 _FORMAT = 2
 _MIN_BUFFER_CHUNKS = 4
+_BACKPRESSURE_S = 10.0  # the longest a store waits for a write-behind slot
 
 
 @dataclass(slots=True)
@@ -85,16 +97,17 @@ class ChunkStore:
     """Thread-safe; every method takes digests (32 bytes each) and buffers
     (anything with the buffer protocol, one per digest)."""
 
-    def __init__(self, params: AdapterParams) -> None:
+    def __init__(self, params: AdapterParams, *, backpressure: bool = False) -> None:
         self.params = params
+        self.backpressure = backpressure
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()          # _cache creation, _held, _where
         self._cache: TieredCache | None = None
-        self._held: dict[bytes, list[list]] = {}  # digest -> [spec, failed] per lock
+        self._held: dict[bytes, list[list]] = {}  # digest -> [spec, failed, deadline] per lock
+        self._next_expiry = float("inf")       # the earliest deadline in _held
         self._where: dict[bytes, int] = {}     # digest -> tier bits while resident
         self._busy: Counter[bytes] = Counter()  # digest -> loads reading it now
         self._in_flight: set[bytes] = set()    # resident only as a queued SSD write
-        self._cancelled: set[bytes] = set()    # removed while their SSD write was queued
         self._changes = Changes()
         chunk = params.chunk_bytes
         saved = _read_meta(params.dirs[0])
@@ -124,6 +137,7 @@ class ChunkStore:
         chunk (0: held already, or larger than a chunk)."""
         views = [_u8(b) for b in bufs]
         metas = metas or [b""] * len(views)
+        self._expire_locks()
         if self._cache is None and views:
             with self._lock:
                 if self._cache is None:
@@ -142,6 +156,9 @@ class ChunkStore:
                 continue
             key = _key(d)
             taken = 0
+            if self.backpressure and not cache.backend.write_behind_room():
+                if not cache.wait_write_behind(_BACKPRESSURE_S):
+                    self._count(backpressure_timeouts=1)
             with cache.holding():  # filled before any other thread can see the slot
                 if not cache.lookup(key).num_available and not cache.writing(d):
                     spec = cache.prepare_store(key, 0, direct=True)
@@ -168,6 +185,8 @@ class ChunkStore:
         self._count(lookups=len(digests))
         if cache is None:
             return [False] * len(digests)
+        self._expire_locks()
+        deadline = time.monotonic() + self.params.lock_ttl_s
         taken = []
         try:
             for d in digests:
@@ -177,7 +196,8 @@ class ChunkStore:
                     cache.touch(key, hits=int(hit))
                     spec = cache.prepare_load(key, 1) if hit else None
                     if spec is not None and spec.num_blocks:
-                        self._held.setdefault(d, []).append([spec, False])
+                        self._held.setdefault(d, []).append([spec, False, deadline])
+                        self._next_expiry = min(self._next_expiry, deadline)
                         taken.append(d)
                 out.append(bool(spec is not None and spec.num_blocks))
         except BaseException:
@@ -221,22 +241,25 @@ class ChunkStore:
         return out
 
     def unlock(self, digests: list[bytes]) -> None:
+        """Releases one lookup lock per digest (a lock that already expired,
+        or was never taken, is nothing to release)."""
         for d in digests:
             with self._lock:
                 held = self._held.get(d)
                 if not held:
                     continue
-                spec, failed = held.pop()
+                spec, failed, _ = held.pop()
                 if not held:
                     del self._held[d]
             self._cache.complete_load(spec, np.zeros(1, np.int64) if failed else None)
+        self._expire_locks()
         self._drain()
 
     def remove(self, digests: list[bytes]) -> list[bytes]:
         """Chunks leave saria, except ones a lookup holds locked or a load is
         reading (a store in progress holds the cache's lock, so it is never
-        cut in half). A chunk on its way to the SSD is dropped when its write
-        lands. Returns the digests removed."""
+        cut in half). A chunk on its way to the SSD gets no SSD copy when its
+        write lands (the core sees to it). Returns the digests removed."""
         cache = self._cache
         gone = []
         if cache is None:
@@ -246,8 +269,6 @@ class ChunkStore:
                 if d in self._held or d in self._busy:
                     continue
                 writing = cache.writing(d)
-                if writing:
-                    self._cancelled.add(d)
                 if cache.remove(_key(d)) or writing:
                     gone.append(d)
         self._drain()
@@ -286,12 +307,43 @@ class ChunkStore:
             held, self._held = self._held, {}
         if cache is not None:
             for entries in held.values():
-                for spec, _ in entries:
+                for spec, _, _ in entries:
                     cache.complete_load(spec)
             cache.flush()
             cache.close()
 
     # ------------------------------------------------------------ helpers
+
+    def _expire_locks(self) -> None:
+        """Lookup locks past their lease (``lock_ttl``: LMCache never
+        unlocked them, e.g. its request was aborted) are released, as the
+        engine's op deadlines release a copy nobody acked; a chunk a load is
+        reading right now keeps its lock until the next call."""
+        now = time.monotonic()
+        if now < self._next_expiry:
+            return
+        gone = []
+        with self._lock:
+            nxt = float("inf")
+            for d in list(self._held):
+                keep = []
+                for entry in self._held[d]:
+                    if entry[2] <= now and d not in self._busy:
+                        gone.append(entry)
+                    else:
+                        keep.append(entry)
+                        nxt = min(nxt, entry[2])
+                if keep:
+                    self._held[d] = keep
+                else:
+                    del self._held[d]
+            self._next_expiry = nxt
+        for spec, failed, _ in gone:
+            self._cache.complete_load(spec, np.zeros(1, np.int64) if failed else None)
+        if gone:
+            self._count(expired_locks=len(gone))
+            log.warning("saria: released %d chunk locks LMCache held past lock_ttl (%.0f s)",
+                        len(gone), self.params.lock_ttl_s)
 
     def _count(self, **by: int) -> int:
         """Adds to the counters (tasks run on several threads); returns the
@@ -312,10 +364,13 @@ class ChunkStore:
                         p.dram_bytes, _MIN_BUFFER_CHUNKS, chunk, dram)
         for d in p.dirs:
             os.makedirs(d, exist_ok=True)
+        # victims stay readable in slots beside the buffer until their write lands
+        writes = not make_admission(p.admission, dwpd=p.dwpd).writes_nothing
+        behind = max(_MIN_BUFFER_CHUNKS, min(64, dram // block // 16)) if writes else 0
         self._cache = TieredCache(CacheConfig(
-            block_bytes=block, dram_bytes=dram, ssd_dirs=p.dirs, ssd_bytes=p.bytes_per_drive,
-            admission=p.admission, promotion="none", dwpd=p.dwpd, write_queue=p.write_queue,
-            events=True))
+            block_bytes=block, dram_bytes=dram + behind * block, ssd_dirs=p.dirs,
+            ssd_bytes=p.bytes_per_drive, admission=p.admission, promotion="none", dwpd=p.dwpd,
+            write_queue=p.write_queue, write_behind=behind, events=True))
         _write_meta(p.dirs[0], chunk)
 
     @contextlib.contextmanager
@@ -393,10 +448,6 @@ class ChunkStore:
             before: dict[bytes, int] = {}
             for ev in events:
                 for k in ev.keys:
-                    if ev.kind == "stored" and ev.tier == SSD and k in self._cancelled:
-                        self._cancelled.discard(k)  # removed while it was being written
-                        cache.remove(_key(k))
-                        continue
                     was = self._where.get(k, 0)
                     before.setdefault(k, was)
                     now = was | ev.tier.bit if ev.kind == "stored" else was & ~ev.tier.bit

@@ -80,7 +80,7 @@ class SariaL2Adapter(L2AdapterInterface):
         super().__init__(max_capacity_bytes=0)
         if not isinstance(config, SariaL2AdapterConfig):
             config = SariaL2AdapterConfig.from_dict(config)
-        self.store = ChunkStore(config.params)
+        self.store = ChunkStore(config.params, backpressure=True)  # stores have a thread of their own
         self._store_efd = create_event_notifier()
         self._lookup_efd = create_event_notifier()
         self._load_efd = create_event_notifier()

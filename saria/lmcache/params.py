@@ -23,6 +23,9 @@ dram            saria's DRAM buffer, where stored chunks wait for admission
 chunk_bytes     bytes of one full LMCache chunk (default: the largest object of
                 the first store; a restart reads it back from the store)
 write_queue     pending SSD write batches before writes are dropped (1024)
+lock_ttl        seconds a lookup's lock on a chunk lasts when LMCache never
+                unlocks it (an aborted request): then saria releases it (300,
+                LMCache's own L1 read-lock lifetime)
 ==============  ===============================================================
 """
 
@@ -37,7 +40,8 @@ from saria.policy import make_admission
 from saria.units import parse_size
 
 STORE_DIR = "saria-lmcache"
-_KEYS = ("path", "capacity", "admission", "dwpd", "dram", "chunk_bytes", "write_queue")
+_KEYS = ("path", "capacity", "admission", "dwpd", "dram", "chunk_bytes", "write_queue",
+         "lock_ttl")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,7 @@ class AdapterParams:
     dram_bytes: int = 2 << 30
     chunk_bytes: int | None = None
     write_queue: int = 1024
+    lock_ttl_s: float = 300.0
 
     @property
     def bytes_per_drive(self) -> int:
@@ -89,7 +94,10 @@ class AdapterParams:
         queue = d.get("write_queue", 1024)
         if isinstance(queue, bool) or not isinstance(queue, int) or queue < 1:
             raise ConfigError("write_queue", f"must be a positive integer, got {queue!r}")
-        return cls(dirs, capacity, admission, float(dwpd), dram, chunk, queue)
+        ttl = d.get("lock_ttl", 300.0)
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not ttl > 0:
+            raise ConfigError("lock_ttl", f"must be a positive number of seconds, got {ttl!r}")
+        return cls(dirs, capacity, admission, float(dwpd), dram, chunk, queue, float(ttl))
 
 
 def _paths(value: Any) -> list[str]:

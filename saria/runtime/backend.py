@@ -3,14 +3,20 @@
 ``TierBackend`` is the ``Backend`` the cache core drives in an engine (and in
 ``saria replay --mode real``): it hands out DRAM slots, frees them, and
 carries out the SSD writes the core decided, through a bounded queue and one
-writer thread (``write_mode="async"``) or inline (``"sync"``: tests and the
-real-mode replay). It decides nothing.
+writer thread (``write_mode="async"``), inline (``"sync"``: the real-mode
+replay), or queued until the caller runs them (``"manual"``: ``run_writes``,
+for tests that choose when each write lands). It decides nothing.
 
-* A write's bytes are copied out of their DRAM slots when the write is
-  submitted, so the core may free or reuse the slots at once; while it is
-  queued its SSD space counts as used (``free_units``). When the queue is
-  full the write is refused (the core counts it dropped): the engine is never
-  blocked by the SSD.
+* A write of DRAM blocks is *held* (``SsdWrite.held``): the core keeps the
+  blocks' DRAM copies allocated and readable until it completes, and the
+  writer thread reads their bytes from the slots when it writes them (no
+  copy at submission). ``write_behind`` slots, carved out of the pool, let
+  that many DRAM *victims* keep their slots while their write is queued, so
+  a block on its way to the SSD is never in no tier. Other writes (states,
+  bytes in hand) are copied when submitted. While a write is queued its SSD
+  space counts as used (``free_units``). When the queue or the write-behind
+  is full the write is refused (the core counts it dropped): the engine is
+  never blocked by the SSD.
 * A hybrid model's state checkpoint spans ``state_units`` slots: in DRAM a
   handle names the list of its slots; on the SSD it is written as that many
   blocks under keys derived from its block's key (``state_keys``), so the
@@ -23,6 +29,7 @@ real-mode replay). It decides nothing.
 from __future__ import annotations
 
 import hashlib
+import logging
 import queue
 import threading
 
@@ -34,6 +41,7 @@ from saria.index import Tier
 from saria.tiers.dram import DramPool
 
 DRAM, SSD = Tier.DRAM, Tier.SSD
+log = logging.getLogger("saria.runtime")
 
 
 def state_keys(key: np.ndarray | bytes, units: int) -> np.ndarray:
@@ -79,7 +87,8 @@ class TierBackend(Backend):
     def __init__(self, *, block_bytes: int, dram_slots: int, ssd_dirs: tuple[str, ...] = (),
                  ssd_bytes: int = 0, state_units: int = 0, write_mode: str = "async",
                  write_queue: int = 256, pin: bool | None = None, shared_pool: str | None = None,
-                 staging_slots: int = 0, lock: threading.RLock) -> None:
+                 staging_slots: int = 0, write_behind: int | None = None,
+                 lock: threading.RLock) -> None:
         self.block_bytes = block_bytes
         self.state_units = state_units
         self.pool = DramPool(dram_slots, block_bytes, pin=pin, shared=shared_pool)
@@ -95,6 +104,19 @@ class TierBackend(Backend):
 
             self.ssd = SsdStore(list(ssd_dirs), ssd_bytes, block_bytes)
         self._lock = lock
+        self.asynchronous = self.ssd is not None and write_mode in ("async", "manual")
+        # Victims readable while their write is queued: a 16th of the pool by
+        # default (at 6 GB/s of writes, 256 GB of DRAM keep ~2.7 s of them).
+        if not self.asynchronous:
+            write_behind = 0
+        elif write_behind is None:
+            write_behind = dram_slots // 16
+        if not 0 <= write_behind < dram_slots - staging_slots:
+            raise ValueError(f"write_behind must be in [0, {dram_slots - staging_slots}), "
+                             f"got {write_behind}")
+        self.write_behind = write_behind
+        self._retained = 0
+        self._room = threading.Condition(lock)  # write-behind slots given back
         self._states = {DRAM: _Handles(), SSD: _Handles()}
         # Found on the SSD at start-up, not (yet) in the index.
         self.recovered: dict[bytes, int] = {}
@@ -104,9 +126,9 @@ class TierBackend(Backend):
         self._pending_units = 0
         self._queue: queue.Queue | None = None
         self._writer: threading.Thread | None = None
-        self.asynchronous = self.ssd is not None and write_mode == "async"
         if self.asynchronous:
             self._queue = queue.Queue(write_queue)
+        if self.asynchronous and write_mode == "async":
             self._writer = threading.Thread(target=self._write_loop, name="saria-ssd-writer",
                                             daemon=True)
             self._writer.start()
@@ -115,14 +137,14 @@ class TierBackend(Backend):
 
     def capacity(self, tier: Tier) -> int:
         if tier == DRAM:
-            return self.pool.num_slots - self.staging_slots
+            return self.pool.num_slots - self.staging_slots - self.write_behind
         if tier == SSD:
             return 0 if self.ssd is None else self.ssd.capacity_slots
         return 0
 
     def free_units(self, tier: Tier) -> int:
-        if tier == DRAM:
-            return self.pool.free_slots
+        if tier == DRAM:  # the unused write-behind slots are not the cache's
+            return self.pool.free_slots - (self.write_behind - self._retained)
         if tier == SSD and self.ssd is not None:
             return self.ssd.free_slots - self._pending_units
         return 0
@@ -150,18 +172,33 @@ class TierBackend(Backend):
         self.free(tier, slots)
 
     def write_ssd(self, job: SsdWrite) -> bool:
-        keys, rows = self._payload(job)
-        units = keys.shape[0]
         if not self.asynchronous:
-            self._finish(job, self.ssd.write(keys, rows))
+            self._finish(job, self.ssd.write(*self._payload(job)))
             return True
+        payload = None if job.held else self._payload(job)  # held: read when written
+        units = job.keys.shape[0] * (self.state_units if job.state else 1)
         self._pending_units += units
         try:
-            self._queue.put_nowait((job, keys, rows))
+            self._queue.put_nowait((job, units, payload))
         except queue.Full:
             self._pending_units -= units
             return False
         return True
+
+    def unretain(self, count: int) -> None:
+        super().unretain(count)
+        self._room.notify_all()
+
+    def wait_write_behind(self, timeout: float) -> bool:
+        """Waits (the caller must not hold the cache's lock) until a
+        write-behind slot is free or no write is queued; False on timeout.
+        For callers that may wait for the SSD (LMCache's asynchronous stores),
+        never an engine's step."""
+        if not self.write_behind:
+            return True
+        with self._room:
+            return self._room.wait_for(
+                lambda: self._retained < self.write_behind or self._pending_units == 0, timeout)
 
     def reclaim_ssd(self, units: int) -> int:
         drop = [self.recovered.popitem()[1] for _ in range(min(units, len(self.recovered)))]
@@ -202,6 +239,8 @@ class TierBackend(Backend):
     def gauges(self) -> dict[str, float]:
         """Occupancy of the tiers, for metrics."""
         out = {"dram_slots": self.pool.num_slots, "dram_used_slots": self.pool.used_slots,
+               "dram_write_behind_slots": self.write_behind,
+               "dram_write_behind_used": self._retained,
                "ssd_recovered_unadopted": len(self.recovered),
                "ssd_write_queue": self._queue.qsize() if self._queue is not None else 0}
         if self.ssd is not None:
@@ -219,13 +258,31 @@ class TierBackend(Backend):
 
     def flush(self) -> None:
         """Waits until every queued SSD write has been carried out."""
-        if self._queue is not None:
+        if self._writer is None and self._queue is not None:
+            self.run_writes()
+        elif self._queue is not None:
             self._queue.join()
+
+    def run_writes(self, count: int | None = None) -> int:
+        """``write_mode="manual"``: carries out the `count` oldest queued
+        writes (all by default) in the calling thread, as the writer thread
+        would; returns how many ran. The caller must not hold the cache's lock."""
+        if self._writer is not None or self._queue is None:
+            raise RuntimeError("run_writes is for write_mode='manual'")
+        ran = 0
+        while (count is None or ran < count) and not self._queue.empty():
+            self._write_one(self._queue.get())
+            ran += 1
+        return ran
 
     def close(self) -> None:
         if self._queue is not None:
-            self._queue.put(None)
-            self._writer.join()
+            if self._writer is not None:
+                self._queue.put(None)
+                self._writer.join()
+                self._writer = None
+            else:
+                self.run_writes()  # nothing queued is lost at a clean close
             self._queue = None
         if self.ssd is not None:
             self.ssd.close()
@@ -233,7 +290,8 @@ class TierBackend(Backend):
     # -------------------------------------------------------------- helpers
 
     def _payload(self, job: SsdWrite) -> tuple[np.ndarray, np.ndarray]:
-        """The keys and bytes to write, copied out of DRAM now."""
+        """The keys and bytes to write, copied out of DRAM now (a held job's
+        slots stay as they are until the core hears it completed)."""
         if job.rows is not None:
             return np.ascontiguousarray(job.keys), np.ascontiguousarray(job.rows)
         if not job.state:
@@ -264,13 +322,22 @@ class TierBackend(Backend):
     def _write_loop(self) -> None:
         while True:
             item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                job, keys, rows = item
-                handles = self.ssd.write(keys, rows)  # the I/O, outside the cache's lock
-                with self._lock:
-                    self._pending_units -= keys.shape[0]
-                    self._finish(job, handles)
-            finally:
+            if item is None:
                 self._queue.task_done()
+                return
+            self._write_one(item)
+
+    def _write_one(self, item) -> None:
+        job, units, payload = item
+        handles = np.full(units, -1, np.int64)
+        try:
+            try:  # the copy and the I/O, outside the cache's lock
+                handles = self.ssd.write(*(payload or self._payload(job)))
+            except Exception:  # noqa: BLE001 -- a failed write, never a dead writer
+                log.exception("saria: SSD write of %d blocks failed", job.keys.shape[0])
+            with self._lock:  # the core always hears of it: a held block is never stranded
+                self._pending_units -= units
+                self._finish(job, handles)
+                self._room.notify_all()
+        finally:
+            self._queue.task_done()

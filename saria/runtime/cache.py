@@ -69,6 +69,9 @@ class CacheConfig:
     # DRAM slots set aside for blocks on their way straight to the SSD (a
     # copier's write-through of blocks DRAM does not keep); out of dram_bytes.
     staging_slots: int = 0
+    # DRAM slots (out of dram_bytes) in which victims stay readable while
+    # their SSD write is queued; None: a 16th of the pool (asynchronous writes)
+    write_behind: int | None = None
     dwpd: float = 1.0  # the drives' rating, for the budget admission
 
     def __post_init__(self) -> None:
@@ -79,8 +82,9 @@ class CacheConfig:
                               f"{self.block_bytes} B")
         if self.ssd_bytes < 0:
             raise ConfigError("ssd_bytes", f"must not be negative, got {self.ssd_bytes}")
-        if self.write_mode not in ("async", "sync"):
-            raise ConfigError("write_mode", f"must be 'async' or 'sync', got {self.write_mode!r}")
+        if self.write_mode not in ("async", "sync", "manual"):
+            raise ConfigError("write_mode", f"must be 'async', 'sync' or 'manual', got "
+                              f"{self.write_mode!r}")
         if self.write_queue < 1:
             raise ConfigError("write_queue", "must be at least 1")
         if self.state_bytes < 0:
@@ -118,7 +122,8 @@ class TieredCache:
             ssd_dirs=config.ssd_dirs if writes else (), ssd_bytes=config.ssd_bytes,
             state_units=config.state_units, write_mode=config.write_mode,
             write_queue=config.write_queue, pin=config.pin, shared_pool=config.shared_pool,
-            staging_slots=config.staging_slots, lock=self._lock)
+            staging_slots=config.staging_slots, write_behind=config.write_behind,
+            lock=self._lock)
         index = RadixIndex(config.max_blocks, hybrid=config.state_bytes > 0,
                            clock=clock or wall_clock)
         self.manager = CacheManager(index, admission, promotion, self.backend,
@@ -236,6 +241,12 @@ class TieredCache:
                          direct=np.asarray(positions, np.int64), chain=chain)
         return self.complete_store(spec, direct_rows=rows)
 
+    def wait_write_behind(self, timeout: float) -> bool:
+        """Waits until a DRAM victim can stay readable while it is written
+        (a write-behind slot is free, or nothing is queued); False on
+        timeout. For callers that may wait for the SSD, never an engine."""
+        return self.backend.wait_write_behind(timeout)
+
     def take_staging(self, count: int) -> np.ndarray:
         """Up to `count` staging slots for direct writes (``staging_slots``)."""
         with self._lock:
@@ -314,6 +325,11 @@ class TieredCache:
     def flush(self) -> None:
         """Waits until every queued SSD write has been carried out."""
         self.backend.flush()
+
+    def run_writes(self, count: int | None = None) -> int:
+        """``write_mode="manual"``: lands the `count` oldest queued SSD
+        writes now (all by default); returns how many."""
+        return self.backend.run_writes(count)
 
     def close(self) -> None:
         self.backend.close()
