@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from saria.routing import wire
 from saria.routing.index import BIT, FleetIndex
 from saria.transfer import LinkModel, reload_time
@@ -70,9 +72,16 @@ class Choice:
     media: Mapping[str, int] = field(default_factory=dict)   # blocks per medium
 
 
-def _best(media_bits: int, weights: Mapping[str, float]) -> tuple[str, float]:
-    return max(((m, weights.get(m, 0.0)) for m, b in BIT.items() if media_bits & b),
-               key=lambda mw: mw[1])
+def _table(weights: Mapping[str, float]) -> np.ndarray:
+    """The best weight of every media bit combination (16 entries)."""
+    t = np.zeros(16)
+    for bits in range(1, 16):
+        t[bits] = max(weights.get(m, 0.0) for m, b in BIT.items() if bits & b)
+    return t
+
+
+def _media(index: FleetIndex, hashes: Sequence, nodes) -> dict[str, np.ndarray]:
+    return {n: np.asarray(index.media(n, hashes), dtype=np.uint8) for n in nodes}
 
 
 class StaticWeights:
@@ -80,22 +89,24 @@ class StaticWeights:
                  block_s: float = 0.0) -> None:
         self.weights = dict(weights)
         self.block_s = block_s  # seconds of prefill per block: queue_s in blocks
+        self._table = _table(self.weights)
 
     def choose(self, index: FleetIndex, hashes: Sequence, loads: Mapping[str, NodeLoad]) -> Choice:
+        return self.choose_media(_media(index, hashes, loads), len(hashes), loads)
+
+    def choose_media(self, media: Mapping[str, np.ndarray], n_blocks: int,
+                     loads: Mapping[str, NodeLoad]) -> Choice:
+        """`media[node]`: the ``BIT`` bits of each block of the node's
+        reloadable prefix (``FleetIndex.media``, or the replay's own index)."""
         best = None
         for node in sorted(loads):
             load = loads[node]
             if not load.up:
                 continue
-            media: dict[str, int] = {}
-            credit = 0.0
-            for bits in index.media(node, hashes):
-                m, w = _best(bits, self.weights)
-                media[m] = media.get(m, 0) + 1
-                credit += w
+            bits = media[node]
+            credit = float(self._table[bits].sum())
             queue = load.queue_s / self.block_s if self.block_s > 0 else 0.0
-            cost = len(hashes) - credit + queue
-            c = Choice(node, cost, sum(media.values()), media)
+            c = Choice(node, n_blocks - credit + queue, int(bits.shape[0]))
             if best is None or c.cost < best.cost:
                 best = c
         if best is None:
@@ -110,61 +121,64 @@ class TierAware:
     def costs(self, node: str) -> NodeCosts:
         return self._costs if isinstance(self._costs, NodeCosts) else self._costs[node]
 
-    def ttft(self, node: str, media_bits: Sequence[int], n_blocks: int, tail_tokens: int,
+    def ttft(self, node: str, media_bits, n_blocks: int, tail_tokens: int,
              load: NodeLoad) -> tuple[float, int, dict[str, int]]:
         """Predicted TTFT on `node` and how many prefix blocks to reload: the
-        reload stops at the boundary where recomputing the rest is cheaper."""
+        reload stops at the boundary where recomputing the rest is cheaper
+        (evaluated where the source of the next block changes, and at the
+        end). A block both on the SSD and in the cluster goes to whichever
+        path finishes sooner."""
         c = self.costs(node)
+        bits = np.asarray(media_bits, dtype=np.uint8)
         tokens = n_blocks * c.block_tokens + tail_tokens
         best = (load.queue_s + c.prefill_s(tokens, 0), 0, {})
-        gpu = dram = ssd = cluster = 0
-        for i, bits in enumerate(media_bits):
-            if bits & BIT[wire.MEDIUM_GPU]:
-                gpu += 1
-            elif bits & BIT[wire.MEDIUM_CPU]:
-                dram += 1
-            elif bits & BIT[wire.MEDIUM_STORAGE] and bits & BIT[wire.MEDIUM_CLUSTER]:
-                # both hold it: the path that finishes sooner takes it
-                t_ssd = load.ssd_backlog_s + (ssd + 1) * c.block_bytes / c.link.ssd_alone
-                t_net = load.cluster_backlog_s + (cluster + 1) * c.block_bytes / c.cluster_Bps
-                if t_ssd <= t_net:
-                    ssd += 1
-                else:
-                    cluster += 1
-            elif bits & BIT[wire.MEDIUM_STORAGE]:
-                ssd += 1
-            else:
-                cluster += 1
-            last = i + 1 == len(media_bits)
-            if not last and media_bits[i + 1] == bits:
-                continue  # evaluate only where the source changes, and at the end
-            local = reload_time(dram * c.block_bytes, ssd * c.block_bytes, c.link, c.mode)
-            if ssd:
-                local = max(local, load.ssd_backlog_s + ssd * c.block_bytes / c.link.ssd_alone)
-            if dram or ssd:
+        if bits.shape[0] == 0:
+            return best
+        gpu = (bits & BIT[wire.MEDIUM_GPU]) != 0
+        dram = ~gpu & ((bits & BIT[wire.MEDIUM_CPU]) != 0)
+        rest = ~gpu & ~dram
+        on_ssd, on_net = (bits & BIT[wire.MEDIUM_STORAGE]) != 0, (bits & BIT[wire.MEDIUM_CLUSTER]) != 0
+        both, ssd_only, net_only = rest & on_ssd & on_net, rest & on_ssd & ~on_net, rest & ~on_ssd
+        cum = np.cumsum(np.stack([gpu, dram, ssd_only, net_only, both]), axis=1)
+        ends = np.flatnonzero(bits[1:] != bits[:-1]).tolist() + [bits.shape[0] - 1]
+        ssd_s, net_s = c.block_bytes / c.link.ssd_alone, c.block_bytes / c.cluster_Bps
+        for i in ends:
+            g, d, s, n, b = (int(x) for x in cum[:, i])
+            if b:  # split `b` so both paths finish together, within [0, b]
+                x = (load.cluster_backlog_s + (n + b) * net_s - load.ssd_backlog_s - s * ssd_s) \
+                    / (ssd_s + net_s)
+                x = min(max(round(x), 0), b)
+                s, n = s + x, n + b - x
+            local = reload_time(d * c.block_bytes, s * c.block_bytes, c.link, c.mode)
+            if s:
+                local = max(local, load.ssd_backlog_s + s * ssd_s)
+            if d or s:
                 local += load.link_backlog_s
-            net = (load.cluster_backlog_s + c.cluster_latency_s
-                   + cluster * c.block_bytes / c.cluster_Bps) if cluster else 0.0
+            net = load.cluster_backlog_s + c.cluster_latency_s + n * net_s if n else 0.0
             cached = (i + 1) * c.block_tokens
             t = load.queue_s + max(local, net) + c.prefill_s(tokens - cached, cached)
             if t < best[0]:
-                media = {k: v for k, v in ((wire.MEDIUM_GPU, gpu), (wire.MEDIUM_CPU, dram),
-                                           (wire.MEDIUM_STORAGE, ssd),
-                                           (wire.MEDIUM_CLUSTER, cluster)) if v}
+                media = {k: v for k, v in ((wire.MEDIUM_GPU, g), (wire.MEDIUM_CPU, d),
+                                           (wire.MEDIUM_STORAGE, s),
+                                           (wire.MEDIUM_CLUSTER, n)) if v}
                 best = (t, i + 1, media)
         return best
 
     def choose(self, index: FleetIndex, hashes: Sequence, loads: Mapping[str, NodeLoad], *,
                tail_tokens: int = 0) -> Choice:
+        return self.choose_media(_media(index, hashes, loads), len(hashes), loads,
+                                 tail_tokens=tail_tokens)
+
+    def choose_media(self, media: Mapping[str, np.ndarray], n_blocks: int,
+                     loads: Mapping[str, NodeLoad], *, tail_tokens: int = 0) -> Choice:
         best = None
         for node in sorted(loads):
             load = loads[node]
             if not load.up:
                 continue
-            t, k, media = self.ttft(node, index.media(node, hashes), len(hashes), tail_tokens,
-                                    load)
+            t, k, used = self.ttft(node, media[node], n_blocks, tail_tokens, load)
             if best is None or t < best.cost:
-                best = Choice(node, t, k, media)
+                best = Choice(node, t, k, used)
         if best is None:
             raise RuntimeError("no node is up")
         return best
