@@ -57,14 +57,29 @@
 // fdatasyncs the drives it wrote before returning, which makes it survive a
 // power loss on drives with a volatile write cache.
 //
-// Recovery. Opening an existing store scans every slot (large sequential
-// O_DIRECT reads; scan=full verifies header and payload crc, scan=header only
-// the header crc, leaving torn payloads to be caught, as every corruption is,
-// by the crc check on read). Recovery returns every valid record, one per
-// key: when several valid records carry the same key, the newest sequence
-// number wins and the others are freed. A slot the caller freed is not
-// overwritten, so until it is reused its old record (correct bytes for its
-// key) may come back after a restart; the caller may simply free it again.
+// Recovery. Opening an existing store reads each drive's journal
+// (journal.h: a checkpoint and an append-only segment listing key, slot,
+// sequence number and header crc of every block) and adopts what it lists,
+// without reading the slots; the sequence numbers then resume 2**32 above
+// the largest entry. A drive whose journal is missing or does not verify, or
+// every drive with open_from_journal=false, is scanned instead: every slot
+// (large sequential O_DIRECT reads; scan=full verifies header and payload
+// crc, scan=header only the header crc, leaving torn payloads to be caught,
+// as every corruption is, by the crc check on read). Every open then writes
+// a fresh checkpoint of what it recovered. Recovery returns every valid
+// record, one per key: when several valid records carry the same key, the
+// newest sequence number wins and the others are freed. A slot the caller
+// freed is not overwritten, so until it is reused its old record (correct
+// bytes for its key) may come back after a restart; the caller may simply
+// free it again. An entry gone stale (its slot rewritten by a write that
+// died before its own entry landed) is a miss on read, like any corruption.
+//
+// Journal appends. write() appends the entries of the blocks it wrote to
+// their drives' segments (O_DIRECT, the segment's last page rewritten with
+// its earlier bytes unchanged; fdatasync'ed too when durable) before it
+// returns their handles: an acknowledged block is in the journal. A failed
+// append acknowledges none of that drive's blocks in the call (handle -1,
+// slots given back) and marks the drive failed, like a failed slot write.
 //
 // Reads. read() verifies header, payload crc and that the stored key equals
 // the key the caller expects before copying a payload out. On any failure

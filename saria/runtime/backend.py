@@ -23,7 +23,11 @@ for tests that choose when each write lands). It decides nothing.
   store verifies them like any block.
 * Blocks the store recovered at start-up (a restart) wait in ``recovered``
   until a lookup adopts them into the index; when the SSD is full, the core
-  reclaims the ones nobody asked for first (``reclaim_ssd``).
+  reclaims the ones nobody asked for first (``reclaim_ssd``). The store
+  finds them in its journal, not by reading the drive (``saria.tiers.ssd``).
+* ``scrub_bytes_per_s`` > 0 starts a scrub thread that re-reads the SSD's
+  blocks at that rate (token bucket, outside the cache's lock) and hands the
+  slots that no longer verify to ``on_scrub_bad`` (the cache drops them).
 """
 
 from __future__ import annotations
@@ -336,7 +340,11 @@ class TierBackend(Backend):
             if rep.wrapped:
                 self.scrub_passes += 1
             if rep.handles.size and self.on_scrub_bad is not None:
-                self.on_scrub_bad(rep.handles, rep.keys)
+                try:
+                    self.on_scrub_bad(rep.handles, rep.keys)
+                except Exception:  # the next pass finds them again
+                    log.exception("saria: dropping %d slots the scrub found bad failed",
+                                  rep.handles.size)
 
     def _payload(self, job: SsdWrite) -> tuple[np.ndarray, np.ndarray]:
         """The keys and bytes to write, copied out of DRAM now (a held job's
