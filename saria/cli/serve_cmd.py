@@ -41,6 +41,8 @@ def register(sub) -> None:
                    "endpoint, e.g. tcp://*:5557 (default: off)")
     p.add_argument("--node", default="", help="this node's name in event topics kv@NODE@MODEL "
                    "(default: the host name)")
+    p.add_argument("--scrub-rate", default="0",
+                   help="background SSD scrub, bytes per second (e.g. 50MB; default 0: off)")
     p.set_defaults(func=_serve)
 
     s = sub.add_parser("status", help="print a running saria serve's figures")
@@ -59,7 +61,8 @@ def _serve(args) -> int:
         ssd_dirs=tuple(args.ssd_dir), ssd_bytes=int(parse_size(args.ssd_bytes, name="--ssd-bytes")),
         admission=args.admission, promotion=args.promotion, dwpd=args.dwpd,
         max_models=args.max_models, lease_s=args.lease, metrics_port=args.metrics_port,
-        events=args.events, node=args.node)
+        events=args.events, node=args.node,
+        scrub_bytes_per_s=float(parse_size(args.scrub_rate, name="--scrub-rate")))
     return run(cfg)
 
 

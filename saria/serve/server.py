@@ -80,6 +80,7 @@ class ServerConfig:
     pin: bool = False  # workers page-lock their own mappings
     events: str | None = None  # ZMQ PUB endpoint of the node's KV events (None: off)
     node: str = ""             # the node's name in event topics (default: the host name)
+    scrub_bytes_per_s: float = 0.0  # background SSD scrub of each namespace's store (0: off)
 
     def __post_init__(self) -> None:
         if self.max_models < 1:
@@ -88,6 +89,8 @@ class ServerConfig:
             raise ConfigError("lease_s", f"must be positive, got {self.lease_s}")
         if self.dram_bytes <= 0:
             raise ConfigError("dram", f"must be positive, got {self.dram_bytes}")
+        if not self.scrub_bytes_per_s >= 0:
+            raise ConfigError("scrub_rate", f"must be >= 0, got {self.scrub_bytes_per_s}")
         make_admission(self.admission, dwpd=self.dwpd)  # a bad name fails here, naming the key
 
 
@@ -324,7 +327,8 @@ class CacheServer:
                 ssd_bytes=self.cfg.ssd_bytes // self.cfg.max_models if dirs else 0,
                 admission=self.cfg.admission, promotion=self.cfg.promotion, dwpd=self.cfg.dwpd,
                 shared_pool=pool, staging_slots=staging, pin=self.cfg.pin,
-                events=self.publisher is not None))
+                events=self.publisher is not None,
+                ssd_scrub_bytes_per_s=self.cfg.scrub_bytes_per_s))
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pool)
