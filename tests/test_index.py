@@ -271,3 +271,39 @@ def test_virtual_clock_never_goes_back():
     with pytest.raises(ValueError):
         c.advance(-1)
     assert c() == 7
+
+
+def test_path_handle_never_outlives_a_dropped_node():
+    """The core keeps the last walked path (keys and nodes) for the next verb
+    on the same prefix. Here the nodes of path A are dropped by the metadata
+    budget and their ids reused by path B: a walk of A must not see B's nodes."""
+    ix = RadixIndex(3)
+    a, b = prompt_keys(TOKENS[:12]), prompt_keys(TOKENS[:12], salt="other")
+    ix.add(a, Tier.DRAM, [0, 1, 2])
+    assert ix.match(a).num_blocks == 3  # the handle now holds A's nodes
+    ix.remove(a, Tier.DRAM)             # A becomes metadata only
+    ix.add(b, Tier.DRAM, [3, 4, 5])     # the budget drops A; B takes its node ids
+    plan = ix.match(a)
+    assert plan.num_known == 0 and plan.num_blocks == 0
+    assert ix.match(b).num_blocks == 3
+    ix.check()
+
+
+def test_path_handle_follows_prefixes_extensions_and_divergence():
+    """Verbs on prefixes and extensions of one request's keys, and on a path
+    that leaves it midway, answer as fresh walks."""
+    ix = RadixIndex(100)
+    k = prompt_keys(TOKENS)                    # 10 blocks
+    other = prompt_keys(TOKENS[:20] + [99] * 20)  # shares 5 blocks, then differs
+    ix.add(k[:4], Tier.DRAM, [0, 1, 2, 3])
+    assert ix.match(k).num_known == 4          # the handle stops at block 4
+    ix.add(k[:7], Tier.SSD, [10, 11, 12], where=[4, 5, 6])  # extends it
+    assert ix.match(k[:2]).num_blocks == 2
+    assert ix.match(k).num_blocks == 7
+    ix.lock(k[:7])
+    assert ix.evict(Tier.DRAM, 4).keys.shape[0] == 0  # all locked
+    assert ix.match(other).num_known == 5
+    ix.add(other, Tier.DRAM, np.arange(20, 25), where=range(5, 10))
+    ix.unlock(k[:7])
+    assert ix.residency(k)[0] == 7 and ix.residency(other)[0] == 10
+    ix.check()

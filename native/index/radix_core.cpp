@@ -2,7 +2,12 @@
 // invariants. Public operations first, helpers after.
 #include "index/radix_core.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstddef>
+#include <cstdlib>
+#include <new>
 #include <unordered_set>
 
 namespace saria {
@@ -52,6 +57,21 @@ EvictedBlock history_of(const Node& nd, uint32_t slot) {
 
 }  // namespace
 
+void* huge_alloc(size_t bytes, size_t align) {
+  constexpr size_t kHuge = size_t{1} << 21;
+  if (bytes >= kHuge) align = kHuge;
+  if (align < alignof(std::max_align_t)) align = alignof(std::max_align_t);
+  size_t rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
+  if (p == nullptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (bytes >= kHuge) madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
+#endif
+  return p;
+}
+
+void huge_free(void* p) noexcept { std::free(p); }
+
 RadixCore::RadixCore(uint64_t max_nodes, bool hybrid) : max_nodes_(max_nodes), hybrid_(hybrid) {
   for (int l = 0; l < kNumLists; ++l) head_[l] = tail_[l] = kNil;
   nodes_.reserve(1024);
@@ -69,13 +89,11 @@ RadixCore::RadixCore(uint64_t max_nodes, bool hybrid) : max_nodes_(max_nodes), h
 MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint32_t* slots,
                              uint8_t* ckpt_masks, uint8_t* fill) const {
   MatchResult r{0, 0, 0, -1, 0, -1, kNil};
-  uint32_t prev = kRoot;
   bool avail = true;
   bool baseline_run = true;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t idx = find_key(load_key(keys + i * kKeyBytes));
-    if (idx == kNil || nodes_[idx].parent != prev) break;
-    const Node& nd = nodes_[idx];
+  const uint32_t m = walk(keys, n);
+  for (size_t i = 0; i < m; ++i) {
+    const Node& nd = nodes_[path_[i]];
     const uint8_t here = ready(nd);  // a filling copy is no copy for a reader
     masks[i] = here;
     int t = lowest_tier(here);
@@ -97,7 +115,6 @@ MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint
     } else {
       baseline_run = false;
     }
-    prev = idx;
   }
   if (!hybrid_) {
     r.n_usable = r.n_avail;
@@ -107,8 +124,7 @@ MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint
     if (ckpt_masks[b - 1]) {
       r.n_usable = b;
       r.ckpt_tier = lowest_tier(ckpt_masks[b - 1]);
-      uint32_t idx = find_key(load_key(keys + (b - 1) * kKeyBytes));
-      r.ckpt_slot = ckpts_.at(idx).slot[r.ckpt_tier];
+      r.ckpt_slot = ckpts_.at(path_[b - 1]).slot[r.ckpt_tier];
       break;
     }
   }
@@ -118,10 +134,9 @@ MatchResult RadixCore::match(const uint8_t* keys, size_t n, uint8_t* masks, uint
 uint32_t RadixCore::history(const uint8_t* keys, size_t n, uint32_t* reuse, uint32_t* hits,
                             uint32_t* dram_evictions, double* last_access, uint8_t* tiers,
                             uint8_t* ckpt, uint8_t* filling) const {
-  std::vector<uint32_t> path;
-  uint32_t m = walk(keys, n, &path);
+  uint32_t m = walk(keys, n);
   for (uint32_t i = 0; i < m; ++i) {
-    const Node& nd = nodes_[path[i]];
+    const Node& nd = nodes_[path_[i]];
     reuse[i] = nd.reuse;
     hits[i] = nd.hits;
     dram_evictions[i] = nd.dram_evictions;
@@ -146,10 +161,9 @@ uint32_t RadixCore::slot_of(const uint8_t* key, int tier, bool ready_only) const
 
 uint32_t RadixCore::path_slots(const uint8_t* keys, size_t n, uint8_t tier_mask,
                                uint32_t* slots, int8_t* tiers) const {
-  std::vector<uint32_t> path;
-  uint32_t m = walk(keys, n, &path);
+  uint32_t m = walk(keys, n);
   for (uint32_t i = 0; i < m; ++i) {
-    const Node& nd = nodes_[path[i]];
+    const Node& nd = nodes_[path_[i]];
     int t = lowest_tier(static_cast<uint8_t>(ready(nd) & tier_mask));
     tiers[i] = static_cast<int8_t>(t);
     slots[i] = t < 0 ? kNil : nd.slot[t];
@@ -179,8 +193,8 @@ uint32_t RadixCore::ckpt_slot_of(const uint8_t* key, int tier, bool ready_only) 
 
 uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_t ckpt_at,
                           double now) {
-  std::vector<uint32_t> path;
-  uint32_t m = walk(keys, n, &path);
+  uint32_t m = walk(keys, n);
+  const std::vector<uint32_t>& path = path_;
   if (n_hit > m) bad("touch: n_hit=" + std::to_string(n_hit) + " exceeds the " +
                      std::to_string(m) + " known blocks");
   if (ckpt_at > m) bad("touch: ckpt_at=" + std::to_string(ckpt_at) + " is past the known prefix");
@@ -190,6 +204,7 @@ uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_
   // Deepest first, so that blocks touched together leave leaf-first.
   for (uint32_t i = m; i-- > 0;) {
     uint32_t idx = path[i];
+    if (i >= 8) prefetch_node(path[i - 8]);
     Node& nd = nodes_[idx];
     nd.reuse += 1;
     if (i < n_hit) nd.hits += 1;
@@ -228,8 +243,10 @@ uint32_t RadixCore::add(const uint8_t* keys, size_t n, int tier, const int64_t* 
     if (slots[j] == kNil) bad("add: slot handle 0xFFFFFFFF is reserved");
   }
   const size_t last = static_cast<size_t>(where[k - 1]) + 1;  // path length needed
-  std::vector<uint32_t> path;
-  uint32_t m = walk(keys, last, &path);
+  // The handle's nodes: walk() leaves exactly m of them for these keys when
+  // m < last, so the created ones extend it in place.
+  uint32_t m = walk(keys, last);
+  std::vector<uint32_t>& path = path_;
   // Validate the part to be created: no key may already exist elsewhere
   // (a chained key names one prefix) and none may repeat.
   if (m < last) {
@@ -252,10 +269,12 @@ uint32_t RadixCore::add(const uint8_t* keys, size_t n, int tier, const int64_t* 
   now = advance(now);
   // Create missing nodes top-down (not yet linked anywhere).
   uint32_t created = 0;
+  path.resize(m);
   for (size_t i = m; i < last; ++i) {
     uint32_t parent = i == 0 ? kRoot : path[i - 1];
-    path.push_back(new_node(load_key(keys + i * kKeyBytes), parent, session, now));
-    nodes_[path.back()].depth = static_cast<uint32_t>(i);
+    uint32_t idx = new_node(load_key(keys + i * kKeyBytes), parent, session, now);
+    path.push_back(idx);
+    nodes_[idx].depth = static_cast<uint32_t>(i);
     ++created;
   }
   // Residency and list order deepest first; created nodes that get no
@@ -357,27 +376,29 @@ std::vector<EvictedBlock> RadixCore::evict(int tier, size_t count, double cutoff
 }
 
 void RadixCore::lock(const uint8_t* keys, size_t n) {
-  std::vector<uint32_t> path;
-  uint32_t m = walk(keys, n, &path);
+  uint32_t m = walk(keys, n);
   if (m < n) bad("lock: block at position " + std::to_string(m) + " is not in the index");
-  for (uint32_t idx : path) {
-    Node& nd = nodes_[idx];
-    if (nd.lock == 0xFFFFFFFFu) bad("lock: lock count overflow");
+  for (size_t i = 0; i < n; ++i)
+    if (nodes_[path_[i]].lock == 0xFFFFFFFFu) bad("lock: lock count overflow");
+  for (size_t i = 0; i < n; ++i) {
+    if (i + 8 < n) prefetch_node(path_[i + 8]);
+    lock_node(path_[i]);
   }
-  for (uint32_t idx : path) lock_node(idx);
 }
 
 void RadixCore::unlock(const uint8_t* keys, size_t n, double now) {
-  std::vector<uint32_t> path;
-  uint32_t m = walk(keys, n, &path);
+  uint32_t m = walk(keys, n);
   if (m < n) bad("unlock: block at position " + std::to_string(m) + " is not in the index");
-  for (size_t i = 0; i < path.size(); ++i)
-    if (nodes_[path[i]].lock == 0)
+  for (size_t i = 0; i < n; ++i)
+    if (nodes_[path_[i]].lock == 0)
       bad("unlock: block at position " + std::to_string(i) + " is not locked");
   now = advance(now);
   // Unlocking ends a use: the blocks re-enter their lists at the tail,
   // deepest first.
-  for (size_t i = path.size(); i-- > 0;) unlock_node(path[i], now);
+  for (size_t i = n; i-- > 0;) {
+    if (i >= 8) prefetch_node(path_[i - 8]);
+    unlock_node(path_[i], now);
+  }
   enforce_budget();
 }
 
@@ -491,7 +512,8 @@ std::vector<EvictedBlock> RadixCore::ckpt_evict(int tier, size_t count, double c
 
 size_t RadixCore::memory_bytes() const {
   return nodes_.capacity() * sizeof(Node) + free_.capacity() * sizeof(uint32_t) +
-         table_.capacity() * sizeof(uint64_t) +
+         table_.capacity() * sizeof(uint64_t) + path_keys_.capacity() +
+         path_.capacity() * sizeof(uint32_t) +
          ckpts_.size() * (sizeof(Checkpoint) + 48) +
          (ckpt_lru_[0].size() + ckpt_lru_[1].size() + ckpt_lru_[2].size()) * 48;
 }
@@ -586,8 +608,9 @@ uint64_t RadixCore::hash_key(const Key& k) {
 
 // Table entries pack (hash tag << 32 | node index); ~0 is empty. The tag
 // avoids touching a node's key on most probe mismatches.
-uint32_t RadixCore::find_key(const Key& k) const {
-  uint64_t h = hash_key(k);
+uint32_t RadixCore::find_key(const Key& k) const { return find_hashed(k, hash_key(k)); }
+
+uint32_t RadixCore::find_hashed(const Key& k, uint64_t h) const {
   uint32_t tag = static_cast<uint32_t>(h >> 32);
   for (uint64_t pos = h & mask_;; pos = (pos + 1) & mask_) {
     uint64_t e = table_[pos];
@@ -631,7 +654,7 @@ void RadixCore::table_erase(uint32_t idx) {
 }
 
 void RadixCore::table_grow() {
-  std::vector<uint64_t> old;
+  std::vector<uint64_t, HugeAlloc<uint64_t>> old;
   old.swap(table_);
   table_.assign(old.size() * 2, ~uint64_t{0});
   mask_ = table_.size() - 1;
@@ -673,6 +696,7 @@ void RadixCore::drop_node(uint32_t idx) {
   Node& nd = nodes_[idx];
   if (nd.linked & bit(kGhost)) unlink(idx, kGhost);
   table_erase(idx);
+  ++epoch_;  // the path handle may name this node: it is void now
   uint32_t p = nd.parent;
   nd.live = 0;
   --ghosts_;
@@ -829,17 +853,68 @@ std::vector<uint32_t> RadixCore::find_all(const uint8_t* keys, size_t k, const c
   return idxs;
 }
 
-uint32_t RadixCore::walk(const uint8_t* keys, size_t n, std::vector<uint32_t>* path) const {
-  uint32_t prev = kRoot;
-  path->clear();
-  path->reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t idx = find_key(load_key(keys + i * kKeyBytes));
+namespace {
+
+// How many leading 32-byte keys of a and b (k keys each) are equal.
+size_t common_keys(const uint8_t* a, const uint8_t* b, size_t k) {
+  constexpr size_t kChunk = 16;  // keys per memcmp
+  size_t i = 0;
+  while (i + kChunk <= k && std::memcmp(a + i * kKeyBytes, b + i * kKeyBytes, kChunk * kKeyBytes) == 0)
+    i += kChunk;
+  while (i < k && std::memcmp(a + i * kKeyBytes, b + i * kKeyBytes, kKeyBytes) == 0) ++i;
+  return i;
+}
+
+}  // namespace
+
+uint32_t RadixCore::walk(const uint8_t* keys, size_t n) const {
+  if (path_epoch_ != epoch_) {  // a node left the tree since: nothing of the handle holds
+    path_.clear();
+    path_epoch_ = epoch_;
+  }
+  const size_t held = path_keys_.size() / kKeyBytes;
+  const size_t same = common_keys(keys, path_keys_.data(), std::min(n, held));
+  if (same < n) {  // the handle follows these keys from here on
+    path_keys_.resize(n * kKeyBytes);
+    std::memcpy(path_keys_.data() + same * kKeyBytes, keys + same * kKeyBytes,
+                (n - same) * kKeyBytes);
+    if (path_.size() > same) path_.resize(same);
+  }
+  size_t i = path_.size();
+  if (i >= n) return static_cast<uint32_t>(n);
+  // Probe past the verified prefix, the table slot of key i + kAhead and the
+  // node named at key i + kAhead / 2 fetched ahead (the keys are known, only
+  // the stop is sequential).
+  constexpr size_t kAhead = 8, kRing = 16;
+  uint64_t hashes[kRing];
+  for (size_t j = i; j < std::min(n, i + kAhead); ++j) {
+    hashes[j % kRing] = hash_key(load_key(keys + j * kKeyBytes));
+    __builtin_prefetch(&table_[hashes[j % kRing] & mask_]);
+  }
+  uint32_t prev = i == 0 ? kRoot : path_[i - 1];
+  for (; i < n; ++i) {
+    if (i + kAhead < n) {
+      uint64_t h = hash_key(load_key(keys + (i + kAhead) * kKeyBytes));
+      hashes[(i + kAhead) % kRing] = h;
+      __builtin_prefetch(&table_[h & mask_]);
+    }
+    if (i + kAhead / 2 < n) {
+      uint64_t e = table_[hashes[(i + kAhead / 2) % kRing] & mask_];
+      if (e != ~uint64_t{0}) __builtin_prefetch(&nodes_[static_cast<uint32_t>(e)]);
+    }
+    uint32_t idx = find_hashed(load_key(keys + i * kKeyBytes), hashes[i % kRing]);
     if (idx == kNil || nodes_[idx].parent != prev) break;
-    path->push_back(idx);
+    path_.push_back(idx);
     prev = idx;
   }
-  return static_cast<uint32_t>(path->size());
+  return static_cast<uint32_t>(i);
+}
+
+void RadixCore::prefetch_node(uint32_t idx) const {
+  const char* p = reinterpret_cast<const char*>(&nodes_[idx]);
+  __builtin_prefetch(p, 1);
+  __builtin_prefetch(p + 64, 1);
+  __builtin_prefetch(p + 128, 1);
 }
 
 void RadixCore::check_tier(int tier) const {

@@ -39,6 +39,18 @@
 // touched, gains residency in t, or is unlocked; a path is touched deepest
 // block first, so blocks touched together are evicted leaf-first (the vLLM
 // "free in reverse order" rule, which the tree makes structural).
+//
+// Walks and the path handle. Every verb that takes a request's keys as a
+// path (match, history, path_slots, touch, add, lock, unlock) finds its nodes
+// through walk(), which keeps the last path walked: its keys and their
+// matched nodes. A walk of keys that share a prefix with that path reuses the
+// nodes of the shared prefix (the keys are compared byte for byte, and the
+// handle is dropped whenever a node leaves the tree: epoch_) and probes the
+// key table only past it. The verbs of one request all walk prefixes of its
+// keys, so together they cost one walk; every answer is a fresh walk's by
+// construction (a live node's key and parent never change). Because queries
+// update the handle, no call -- not even a query -- may run concurrently
+// with another on one core (the Python facade holds a lock).
 #pragma once
 
 #include <cstdint>
@@ -72,23 +84,14 @@ inline Key load_key(const uint8_t* p) {
   return k;
 }
 
-struct Node {
+// One node per block, 192 B in three cache lines. The first line holds what
+// a walk, a match and a lock read (key, parent, slots, lock, masks), so a
+// lookup touches one line per block; history and the recency links follow.
+struct alignas(64) Node {
   Key key;
   uint32_t parent;
-  uint32_t n_children;
-  uint32_t tier_children[kNumTiers];
   uint32_t slot[kNumTiers];
-  uint32_t prev[kNumLists];
-  uint32_t next[kNumLists];
   uint32_t lock;
-  uint32_t reuse;           // requests after the first that referenced it
-  uint32_t hits;            // requests served this block from a tier
-  uint32_t dram_evictions;  // times evicted from DRAM
-  uint32_t session;         // creating session
-  uint32_t depth;           // block index in its prefix (0 = first block)
-  double last_access;       // last real access (history)
-  double tier_time[kNumTiers];  // last touch or entry per tier (recency)
-  uint64_t seq[kNumLists];
   uint8_t tiers;     // KV residency mask (bit t): a slot is taken in tier t
   uint8_t ckpt;      // checkpoint residency mask (bit t)
   uint8_t filling;   // bit t: the copy in tier t is filling, not ready (subset of tiers)
@@ -96,6 +99,43 @@ struct Node {
   uint8_t linked;    // bit l: linked in list l
   uint8_t parked;    // bit l: parked out of list l
   uint8_t live;      // slot in use
+  uint32_t n_children;
+  // --- second line
+  uint32_t tier_children[kNumTiers];
+  uint32_t prev[kNumLists];
+  uint32_t next[kNumLists];
+  uint32_t reuse;           // requests after the first that referenced it
+  uint32_t hits;            // requests served this block from a tier
+  uint32_t dram_evictions;  // times evicted from DRAM
+  uint32_t session;         // creating session
+  uint32_t depth;           // block index in its prefix (0 = first block)
+  // --- third line
+  double last_access;       // last real access (history)
+  double tier_time[kNumTiers];  // last touch or entry per tier (recency)
+  uint64_t seq[kNumLists];
+};
+static_assert(sizeof(Node) == 192, "Node is three cache lines");
+
+// Memory for the node array and the key table: 2 MiB-aligned and advised as
+// transparent huge pages when large, so the random accesses of a walk cost a
+// cache miss and not a page-table walk too (machines here run THP in
+// madvise mode: without the advice every access to a 700 MB node array is
+// a TLB miss).
+void* huge_alloc(size_t bytes, size_t align);
+void huge_free(void* p) noexcept;
+
+template <class T>
+struct HugeAlloc {
+  using value_type = T;
+  HugeAlloc() = default;
+  template <class U>
+  HugeAlloc(const HugeAlloc<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(huge_alloc(n * sizeof(T), alignof(T))); }
+  void deallocate(T* p, size_t) noexcept { huge_free(p); }
+  template <class U>
+  bool operator==(const HugeAlloc<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const HugeAlloc<U>&) const { return false; }
 };
 
 // A hybrid model's recurrent-state checkpoint at the boundary after a block.
@@ -240,6 +280,7 @@ class RadixCore {
   // hash table
   static uint64_t hash_key(const Key& k);
   uint32_t find_key(const Key& k) const;
+  uint32_t find_hashed(const Key& k, uint64_t hash) const;
   void table_insert(uint32_t idx);
   void table_erase(uint32_t idx);
   void table_grow();
@@ -263,16 +304,25 @@ class RadixCore {
   static uint8_t ready_ckpt(const Node& nd) {
     return static_cast<uint8_t>(nd.ckpt & ~nd.ckpt_filling);
   }
-  uint32_t walk(const uint8_t* keys, size_t n, std::vector<uint32_t>* path) const;
+  // The known prefix of keys[0..n): returns its length m; its nodes are
+  // path_[0..m) (valid until the next walk or the next node drop).
+  uint32_t walk(const uint8_t* keys, size_t n) const;
+  void prefetch_node(uint32_t idx) const;
   double advance(double now) {
     if (now > last_now_) last_now_ = now;
     return last_now_;
   }
   void check_tier(int tier) const;
 
-  std::vector<Node> nodes_;
+  std::vector<Node, HugeAlloc<Node>> nodes_;
   std::vector<uint32_t> free_;
-  std::vector<uint64_t> table_;
+  std::vector<uint64_t, HugeAlloc<uint64_t>> table_;
+  uint64_t epoch_ = 0;  // nodes dropped so far: a path handle of another epoch is void
+  // The path handle (see the header comment): the keys of the last walk,
+  // the nodes of a verified prefix of them, and the epoch they belong to.
+  mutable std::vector<uint8_t> path_keys_;
+  mutable std::vector<uint32_t> path_;
+  mutable uint64_t path_epoch_ = 0;
   uint64_t mask_ = 0;
   size_t num_nodes_ = 0;  // live nodes, excluding the root
   size_t resident_[kNumTiers] = {0, 0, 0};

@@ -138,6 +138,8 @@ def run_index(args: argparse.Namespace) -> int:
         ("DRAM capacity (blocks)", f"{result.dram_blocks:,}"),
         ("stream time (s)", f"{result.seconds:.2f}"),
         ("block visits / s", f"{result.block_visits_per_s / 1e6:.2f} M"),
+        ("stream CPU time (s)", f"{result.cpu_seconds:.2f}"),
+        ("block visits / CPU s", f"{result.block_visits_per_cpu_s / 1e6:.2f} M"),
         ("trace load time (s)", f"{result.load_seconds:.2f}"),
         ("hit ratio (blocks)", f"{result.hit_ratio_blocks:.4f}"),
         ("DRAM evictions", f"{result.dram_evictions:,}"),

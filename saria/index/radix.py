@@ -20,7 +20,10 @@ or filling): what placement needs so that a block never gets a second slot.
 The tree and its recency lists live in the native core (``saria._native``);
 this class validates every argument before it reaches the core (a bad call
 raises and leaves the index unchanged), converts keys, and serialises access
-with a lock, so one index can be shared by threads.
+with a lock, so one index can be shared by threads. The core keeps the last
+path it walked (a path handle, see ``native/index/radix_core.h``): the verbs
+of one request, which all name prefixes of its keys, cost one walk between
+them, with the answers of fresh walks.
 
 Memory: each tracked block costs ``node_bytes`` (192 B) in the node array plus
 16-32 B in the key table (8 B entries at load factor 0.25-0.5): about 210-230 B

@@ -184,9 +184,10 @@ class Replay:
         self.node_id = node_id
         self.mover = mover or NoBytes()
         self.gpu_on = cache.backend.capacity(GPU) > 0
-        # SSD-written blocks, and those of them read back at least once.
-        self._ssd_written: set[bytes] = set()
-        self._ssd_read: set[bytes] = set()
+        # Keys of SSD-written blocks and of SSD reads, batch by batch
+        # (distinct ones counted at the end: no per-block Python work).
+        self._ssd_written_batches: list[np.ndarray] = []
+        self._ssd_read_batches: list[np.ndarray] = []
         self.stats = ReplayStats(ssd_bytes_written=np.zeros(self.n_drives, np.int64),
                                  ssd_bytes_read=np.zeros(self.n_drives, np.int64))
         self.reloads = ReloadQueue(self.link, setup.coordinator)
@@ -286,7 +287,7 @@ class Replay:
         st.hit_tokens["SSD"] += n_ssd * self.block_size
         if n_ssd:
             np.add.at(st.ssd_bytes_read, self._drive(keys[ssd_pos]), self.block_bytes)
-            self._ssd_read.update(map(bytes, keys[ssd_pos]))
+            self._ssd_read_batches.append(keys[ssd_pos])
         st.ttft.append(ttft)
         st.hit_blocks.append(hit)
         st.load_s += load
@@ -325,11 +326,18 @@ class Replay:
             size = self.state_bytes if is_state else self.block_bytes
             np.add.at(self.stats.ssd_bytes_written, self._drive(written), size)
             if not is_state:
-                self._ssd_written.update(map(bytes, written))
+                self._ssd_written_batches.append(written)
 
     def ssd_writes_never_read(self) -> tuple[int, int]:
         """(distinct blocks written to the SSD, of which never read back)."""
-        return len(self._ssd_written), len(self._ssd_written - self._ssd_read)
+        written = _distinct(self._ssd_written_batches)
+        unread = np.setdiff1d(written, _distinct(self._ssd_read_batches), assume_unique=True)
+        return int(written.shape[0]), int(unread.shape[0])
+
+    @property
+    def _ssd_written(self) -> set[bytes]:
+        """The distinct SSD-written keys (for tests)."""
+        return {bytes(k) for k in _distinct(self._ssd_written_batches)}
 
     def _drive(self, keys: np.ndarray) -> np.ndarray:
         """Drive of each block: its key folded to 64 bits, modulo the drives
@@ -340,6 +348,14 @@ class Replay:
         folded = w[:, 0] ^ w[:, 1] ^ w[:, 2] ^ w[:, 3]
         folded ^= folded >> np.uint64(29)
         return (folded % np.uint64(self.n_drives)).astype(np.int64)
+
+
+def _distinct(batches: list[np.ndarray]) -> np.ndarray:
+    """The distinct keys of (n, 32) uint8 batches, as one 32-byte void each."""
+    if not batches:
+        return np.zeros(0, np.dtype((np.void, 32)))
+    keys = np.ascontiguousarray(np.concatenate(batches))
+    return np.unique(keys.view(np.dtype((np.void, 32))).ravel())
 
 
 def _blocks(size: float, block_bytes: int) -> int:
