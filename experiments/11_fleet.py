@@ -10,7 +10,8 @@ P90 TTFT, hits by source, network bytes and load balance.
     python experiments/11_fleet.py            # ~30 min on 2 cores
     python experiments/11_fleet.py --quick    # seconds
 
-Writes results.csv, summary.json and fleet.png.
+Writes results.csv, summary.json and fleet.png; each finished replay is also kept
+under rows/ so an interrupted run resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def _one(job: tuple) -> dict:
     from saria.traces.arrivals import ArrivalModel
 
     nodes, sessions, cluster, routing, args = job
+    cached = args["rows"] / f"{nodes}-{'shared' if cluster else 'islands'}-{routing}.json"
+    if cached.exists():  # a finished job of an interrupted run (same arguments)
+        return json.loads(cached.read_text())
     trace = C.load_weka(sessions)
     preset = C.preset(args["model"])
     setup = make_setup("saria", preset, trace_block_size=int(trace.block_size))
@@ -51,6 +55,7 @@ def _one(job: tuple) -> dict:
     row.update({k: v for k, v in rep.items() if k in COLUMNS and k not in row})
     print(json.dumps({k: row[k] for k in ("nodes", "cluster", "routing", "ttft_mean_s",
                                           "ssd_bytes_written", "wall_s")}), flush=True)
+    cached.write_text(json.dumps(row))
     return row
 
 
@@ -71,8 +76,10 @@ def main() -> None:
         args.per_node, counts = 2, [1, 2]
     from saria.sim.sweep import parallel_map
 
+    rows_dir = args.out / "rows" / f"{args.model}-{args.per_node}-{args.arrivals}-{args.cluster_tb}-{args.net_gbps}".replace(":", "")
+    rows_dir.mkdir(parents=True, exist_ok=True)
     shared = {"model": args.model, "arrivals": args.arrivals, "cluster_bytes": args.cluster_tb * 1e12,
-              "net_Bps": args.net_gbps * 1e9}
+              "net_Bps": args.net_gbps * 1e9, "rows": rows_dir}
     jobs = []
     for n in counts:
         for cluster in (False, True):

@@ -54,12 +54,27 @@ class ClusterTier:
 
     def run(self, keys: np.ndarray, start: int, limit: int) -> int:
         """Blocks of `keys` held from `start` on, up to `limit` (a run)."""
+        raw, w = keys.tobytes(), keys.shape[1]
+        blocks = self._blocks
         n = 0
         for i in range(start, limit):
-            if bytes(keys[i]) not in self._blocks:
+            if raw[i * w:(i + 1) * w] not in blocks:
                 break
             n += 1
         return n
+
+    def held(self, keys: np.ndarray, start: int, stop_after: int) -> np.ndarray:
+        """Which of ``keys[start:]`` the store holds, up to the first block
+        past `stop_after` it does not (every node's run is read from this)."""
+        raw, w = keys.tobytes(), keys.shape[1]
+        blocks = self._blocks
+        out = []
+        for i in range(start, keys.shape[0]):
+            hit = raw[i * w:(i + 1) * w] in blocks
+            if not hit and i >= stop_after:
+                break
+            out.append(hit)
+        return np.asarray(out, dtype=bool)
 
     def fetch(self, replay, keys: np.ndarray, start: int, limit: int, t: float) -> tuple[int, float]:
         """The node of `replay` reads the run after its local prefix; returns
@@ -67,8 +82,9 @@ class ClusterTier:
         n = self.run(keys, start, limit)
         if n == 0:
             return 0, t
+        raw, w = keys.tobytes(), keys.shape[1]
         for i in range(start, start + n):
-            self._blocks.move_to_end(bytes(keys[i]))
+            self._blocks.move_to_end(raw[i * w:(i + 1) * w])
         node = replay.node_id
         size = n * self.block_bytes
         done = max(t, self._nic_free.get(node, 0.0)) + self.spec.latency_s + size / self.spec.net_Bps
@@ -83,7 +99,8 @@ class ClusterTier:
             return
         node = replay.node_id
         new = 0
-        for k in map(bytes, keys[start:]):
+        raw, w = keys.tobytes(), keys.shape[1]
+        for k in (raw[i * w:(i + 1) * w] for i in range(start, keys.shape[0])):
             if k in self._blocks:
                 continue
             self._blocks[k] = None

@@ -133,22 +133,30 @@ class Fleet:
                 self._home[a.session] = k
             return k
         loads = {self.names[k]: self.load(k, t) for k in range(n)}
-        media = {self.names[k]: self._media(k, keys) for k in range(n)}
+        media = self._media(keys)
         choice = self.scorer.choose_media(media, keys.shape[0], loads)
         return self.names.index(choice.node)
 
-    def _media(self, k: int, keys: np.ndarray) -> np.ndarray:
-        """The node's reloadable prefix as routing bits: its own tiers (a
-        tier's bit is its ``BIT``: GPU 1, DRAM 2, SSD 4) and the cluster's."""
-        plan = self.nodes[k].cache.index.match(keys)
-        m = plan.num_available
-        bits = np.asarray(plan.masks[:m], dtype=np.uint8).copy()
+    def _media(self, keys: np.ndarray) -> dict[str, np.ndarray]:
+        """Each node's reloadable prefix as routing bits: its own tiers (a
+        tier's bit is its ``BIT``: GPU 1, DRAM 2, SSD 4), continued by the
+        run the cluster holds after it (one pass over the cluster per
+        request, for every node)."""
+        local = {}
+        for k in range(self.spec.nodes):
+            plan = self.nodes[k].cache.index.match(keys)
+            local[k] = np.asarray(plan.masks[:plan.num_available], dtype=np.uint8)
         if self.cluster is None:
-            return bits
-        if m < keys.shape[0]:  # the cluster may continue it
-            more = self.cluster.run(keys, m, keys.shape[0])
-            bits = np.concatenate([bits, np.full(more, CLUSTER_BIT, np.uint8)])
-        return bits
+            return {self.names[k]: b for k, b in local.items()}
+        ends = [b.shape[0] for b in local.values()]
+        lo = min(ends)
+        held = self.cluster.held(keys, lo, max(ends))
+        out = {}
+        for k, bits in local.items():
+            h = held[bits.shape[0] - lo:]
+            more = int(np.argmin(h)) if h.size and not h.all() else int(h.size)
+            out[self.names[k]] = np.concatenate([bits, np.full(more, CLUSTER_BIT, np.uint8)])
+        return out
 
     # ------------------------------------------------------------ reporting
 
