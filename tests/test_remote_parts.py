@@ -37,6 +37,7 @@ def test_settings_from_mapping_parses_sizes_and_durations():
     ({"master": "mooncake://h:1", "deadline": 0}, "remote.deadline_s"),
     ({"master": "mooncake://h:1", "lane": 0}, "remote.lane"),
     ({"master": "mooncake://h:1", "segment_bytes": "4XB"}, "remote.segment_bytes"),
+    ({"master": "mooncake://h:1", "segment_bytes": "1MiB"}, "remote.segment_bytes"),
     ({"master": "mooncake://h:1", "staging_rows": True}, "remote.staging_rows"),
 ])
 def test_settings_errors_name_the_key(mapping, key):
@@ -83,6 +84,9 @@ def test_object_keys_are_namespaced():
     k = bytes(range(32))
     assert object_key("a", k) != object_key("b", k)
     assert object_key("a", k).endswith(k.hex())
+    keys = np.random.default_rng(0).integers(0, 256, (5, 32), dtype=np.uint8)
+    codec = RowCodec("a", 10)
+    assert codec.keys(keys) == [codec.key(x.tobytes()) for x in keys] == [object_key("a", x.tobytes()) for x in keys]
 
 
 @hsettings(max_examples=60, deadline=None)

@@ -142,7 +142,7 @@ def test_a_block_another_node_put_is_found_and_lost_with_that_node(master):
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        b = _tier(master, segment_bytes=16 << 20)  # after A put: A holds them
+        b = _tier(master, segment_bytes=0)  # a client only: A holds every object
         try:
             assert b.exists(keys).all()
             out = np.zeros_like(data)
@@ -200,3 +200,42 @@ def test_master_killed_breaker_opens_then_restart_resumes():
             assert t.get(keys, out).ok.all() and np.array_equal(out, data)
         finally:
             t.close()
+
+
+def test_saria_bench_remote_runs_and_refuses_bad_arguments(tmp_path):
+    import json
+    import shutil
+
+    saria = shutil.which("saria")
+    if saria is None:
+        pytest.skip("the saria entry point is not installed")
+    out = tmp_path / "remote.json"
+    r = subprocess.run([saria, "bench", "remote", "--sizes", "64KiB", "--batch", "4", "--reps", "2",
+                        "--lookup-keys", "8", "--lookup-calls", "5", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = json.loads(out.read_text())
+    (case,) = d["sizes"]
+    assert case["object_bytes"] == 64 << 10 and len(case["raw_get_runs_GBps"]) == 2
+    assert case["put_ratio"] > 0 and d["lookup"]["saria_p50_us"] > 0
+    r = subprocess.run([saria, "bench", "remote", "--sizes", "1KiB"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().endswith("give object sizes of at least 4 KiB")
+
+
+def test_lookup_answers_are_reused_until_forgotten(master):
+    t = _tier(master, exist_cache_s=60.0)
+    try:
+        keys, data = _fresh(3, 8)
+        assert not t.exists(keys).any()
+        other = _tier(master)  # another node puts them
+        try:
+            assert other.put(keys, data).stored.all()
+            assert not t.exists(keys).any()  # the cached answer, no call
+            assert t.snapshot()["counters"]["lookup_cached"] == 3
+            t.forget(keys[:2])
+            assert t.exists(keys).tolist() == [True, True, False]
+        finally:
+            other.close()
+    finally:
+        t.close()

@@ -190,9 +190,13 @@ class Guard:
 
     # ------------------------------------------------------------ calls
 
-    def submit(self, op: str, fn: Callable[[], Any], *, deadline_s: float | None = None) -> Ticket:
+    def submit(self, op: str, fn: Callable[[], Any], *, deadline_s: float | None = None,
+               meanwhile: Callable[[], None] | None = None) -> Ticket:
         """Runs ``fn()`` on the lane and waits for it at most the deadline;
-        the returned ticket holds the outcome (``ticket.outcome``)."""
+        the returned ticket holds the outcome (``ticket.outcome``).
+        ``meanwhile`` runs on the caller's thread once the call is under way
+        (work that overlaps the call's first round trip); the deadline counts
+        from the start. It is not run when the call is refused."""
         with self._lock:
             refused, probe = self._admit()
             if refused is None:
@@ -225,7 +229,13 @@ class Guard:
             ticket.outcome = Outcome(False, "down")
             return ticket
         limit = self.deadline_s if deadline_s is None else deadline_s
-        settled = ticket._event.wait(limit)
+        if meanwhile is not None:
+            try:
+                meanwhile()
+            except BaseException:
+                self._record(True, probe)  # the caller's fault, not the cluster's
+                raise
+        settled = ticket._event.wait(max(0.0, limit - (time.monotonic() - ticket._t0)))
         seconds = time.monotonic() - ticket._t0
         if not settled:
             outcome = Outcome(False, "timeout", seconds=seconds)

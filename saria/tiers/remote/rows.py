@@ -97,6 +97,12 @@ class RowCodec:
     def key(self, key: bytes) -> str:
         return object_key(self.namespace, key)
 
+    def keys(self, keys: np.ndarray) -> list[str]:
+        """The store's names of ``keys`` (n, 32), as ``key`` gives them one by one."""
+        prefix = f"{_KEY_PREFIX}/{self.namespace}/"
+        h = np.ascontiguousarray(keys, np.uint8).tobytes().hex()
+        return [prefix + h[i:i + 64] for i in range(0, len(h), 64)]
+
     def _args(self, heads: np.ndarray, payload: Any, payload_idx: Any, keys: Any):
         if heads.ndim != 2 or heads.shape[1] != HEADER_BYTES or heads.dtype != np.uint8:
             raise ValueError(f"heads must be uint8 (n, {HEADER_BYTES}), got {heads.dtype} {heads.shape}")

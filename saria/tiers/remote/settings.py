@@ -28,6 +28,7 @@ from saria.units import parse_duration, parse_size
 __all__ = ["RemoteSettings", "parse_master_url", "PROTOCOLS"]
 
 PROTOCOLS = ("tcp", "rdma")
+MIN_SEGMENT_BYTES = 16 << 20  # Mooncake refuses a smaller segment
 _SCHEME = "mooncake://"
 
 
@@ -65,7 +66,7 @@ class RemoteSettings:
     protocol: str = "tcp"
     rdma_devices: str = ""
     local_hostname: str | None = None
-    segment_bytes: int = 1 << 30        # this node's share of the cluster's memory
+    segment_bytes: int = 1 << 30        # this node's share of the cluster's memory (0: none)
     local_buffer_bytes: int = 64 << 20  # Mooncake's own transfer buffer (non-zero-copy calls)
     staging_rows: int = 64              # registered rows saria encodes into and reads into
     deadline_s: float = 0.05            # the longest the engine waits for one remote call
@@ -85,7 +86,11 @@ class RemoteSettings:
                               f"got {self.protocol!r}")
         if self.protocol == "rdma" and not self.rdma_devices:
             raise ConfigError("remote.rdma_devices", "protocol rdma needs the devices (e.g. mlx5_0)")
-        for name in ("segment_bytes", "local_buffer_bytes", "staging_rows", "lane",
+        seg = self.segment_bytes
+        if isinstance(seg, bool) or not isinstance(seg, int) or seg < 0 or 0 < seg < MIN_SEGMENT_BYTES:
+            raise ConfigError("remote.segment_bytes", f"must be 0 (this node holds none of the "
+                              f"cluster's objects) or at least 16 MiB (Mooncake's least), got {seg!r}")
+        for name in ("local_buffer_bytes", "staging_rows", "lane",
                      "breaker_failures", "max_lookup_keys"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

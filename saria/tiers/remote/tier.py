@@ -35,7 +35,8 @@ Behaviour
   release at that point. A registered destination row of a late get may
   still be written: it must not be read or reused before ``then``.
 * **Put skips what the cluster holds.** ``put`` asks ``batch_is_exist`` first
-  and sends only the absent blocks (``skipped``: one copy per cluster).
+  and sends only the absent blocks (``skipped``: one copy per cluster); the
+  headers and checksums are computed while that lookup is out.
 * **Lookup answers are reused** for ``exist_cache_s`` (a put or remove of
   this node updates them); a failed lookup is all misses and is not cached;
   while the breaker is open every lookup is all misses and the cached
@@ -270,7 +271,7 @@ class RemoteTier:
         return keys, idx, addr, stride, bool(n) and self._registered(addr, n_rows, stride)
 
     def _names(self, keys: np.ndarray) -> list[str]:
-        return [self.codec.key(k.tobytes()) for k in keys]
+        return self.codec.keys(keys)
 
     # ------------------------------------------------------------ lookup
 
@@ -286,16 +287,19 @@ class RemoteTier:
             return out
         now = time.monotonic()
         ttl = self.settings.exist_cache_s
-        ask: list[int] = []
-        with self._lock:
-            for i, k in enumerate(keys):
-                hit = self._exist.get(k.tobytes())
-                if hit is not None and now - hit[1] < ttl:
-                    out[i] = hit[0]
-                else:
-                    ask.append(i)
+        ask: list[int] | np.ndarray = np.arange(len(keys))
+        if ttl > 0:
+            flat = keys.tobytes()
+            ask = []
+            with self._lock:
+                for i in range(len(keys)):
+                    hit = self._exist.get(flat[32 * i:32 * i + 32])
+                    if hit is not None and now - hit[1] < ttl:
+                        out[i] = hit[0]
+                    else:
+                        ask.append(i)
         self.stats.add(lookup_keys=len(keys), lookup_cached=len(keys) - len(ask))
-        if ask:
+        if len(ask):
             names = self._names(keys[ask])
 
             def call() -> list[int]:
@@ -316,12 +320,13 @@ class RemoteTier:
         if self.settings.exist_cache_s <= 0:
             return
         now = time.monotonic()
-        flags = np.broadcast_to(np.asarray(present, bool), (len(keys),))
+        flags = np.broadcast_to(np.asarray(present, bool), (len(keys),)).tolist()
+        flat = np.ascontiguousarray(keys).tobytes()
         with self._lock:
             if len(self._exist) > 1 << 16:
                 self._exist = {k: v for k, v in self._exist.items() if now - v[1] < self.settings.exist_cache_s}
-            for k, f in zip(keys, flags):
-                self._exist[k.tobytes()] = (bool(f), now)
+            for i, f in enumerate(flags):
+                self._exist[flat[32 * i:32 * i + 32]] = (f, now)
 
     def forget(self, keys: Any) -> None:
         """Drops cached lookup answers (e.g. a load found the block gone)."""
@@ -365,16 +370,25 @@ class RemoteTier:
             payload, p_idx = src, idx
             p_addrs = [s_addr + int(i) * s_stride for i in idx]
         else:
-            copy_rows(self._stage, rows, src, idx)
             payload, p_idx = self._stage, rows
             p_addrs = [self._stage.ctypes.data + int(r) * self.block_bytes for r in rows]
-        heads = np.empty((m, HEADER_BYTES), np.uint8)
-        self.codec.encode(heads, payload, p_idx, keys)
-        self._heads[rows] = heads
         h_addrs = [self._heads.ctypes.data + int(r) * HEADER_BYTES for r in rows]
         names = self._names(keys)
         sizes = [HEADER_BYTES, self.block_bytes]
         store = self._store
+        encoded = threading.Event()
+        sound = [False]
+
+        def encode() -> None:  # on the caller's thread, while the lookup is out
+            try:
+                if not zero_copy:
+                    copy_rows(self._stage, rows, src, idx)
+                heads = np.empty((m, HEADER_BYTES), np.uint8)
+                self.codec.encode(heads, payload, p_idx, keys)
+                self._heads[rows] = heads
+                sound[0] = True
+            finally:
+                encoded.set()
 
         def call() -> np.ndarray:
             status = np.zeros(m, np.int64)       # 0 stored, 1 skipped, <0 rc of a failure
@@ -385,6 +399,9 @@ class RemoteTier:
                     raise RemoteUnavailable(f"batch_is_exist: rc {ex[0]}")
                 todo = [i for i in range(m) if ex[i] != 1]
                 status[[i for i in range(m) if ex[i] == 1]] = 1
+            encoded.wait()
+            if not sound[0]:
+                raise RuntimeError("the rows could not be encoded")
             if todo:
                 rcs = store.batch_put_from_multi_buffers(
                     [names[i] for i in todo], [[h_addrs[i], p_addrs[i]] for i in todo],
@@ -395,7 +412,7 @@ class RemoteTier:
                     status[i] = 1 if rc == ErrorCode.EXISTS else (0 if rc == 0 else rc)
             return status
 
-        t = self.guard.submit("put", call)
+        t = self.guard.submit("put", call, meanwhile=encode)
         t.then(lambda: self._give_rows(rows))
         if t.outcome.ok:
             st = t.outcome.value
