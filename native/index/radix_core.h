@@ -4,8 +4,9 @@
 // block), so the tree over block keys is a trie whose edges are blocks: a
 // node's parent is the node of the previous block of the same prefix. Nodes
 // are addressed by their 32-byte key through an open-addressing hash table and
-// hold, per block: residency in each tier (GPU, DRAM, SSD) with a slot handle
-// per tier, the block's history (reuse count, hit count, DRAM evictions, last
+// hold, per block: residency in each tier (GPU, DRAM, SSD, REMOTE: the
+// cluster's store, as far as this node knows) with a slot handle per tier
+// (REMOTE copies are addressed by key; their slot is the caller's), the block's history (reuse count, hit count, DRAM evictions, last
 // access time, creating session) and links into intrusive recency lists.
 //
 // Invariants (checked by tests against a brute-force Python model):
@@ -51,7 +52,7 @@
 
 namespace saria {
 
-constexpr int kNumTiers = 3;          // 0 = GPU, 1 = DRAM, 2 = SSD
+constexpr int kNumTiers = 4;          // 0 = GPU, 1 = DRAM, 2 = SSD, 3 = REMOTE (the cluster)
 constexpr int kGhost = kNumTiers;     // list index of the metadata-only LRU
 constexpr int kNumLists = kNumTiers + 1;
 constexpr uint32_t kNil = 0xFFFFFFFFu;
@@ -275,7 +276,7 @@ class RadixCore {
   std::vector<uint64_t> table_;
   uint64_t mask_ = 0;
   size_t num_nodes_ = 0;  // live nodes, excluding the root
-  size_t resident_[kNumTiers] = {0, 0, 0};
+  size_t resident_[kNumTiers] = {};
   size_t ghosts_ = 0;
   uint32_t head_[kNumLists];
   uint32_t tail_[kNumLists];
