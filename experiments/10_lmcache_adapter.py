@@ -222,8 +222,8 @@ def main() -> None:
                 ("fs", {"type": "fs", "base_path": f"{tmp}/b-fs"}),
                 ("fs O_DIRECT", {"type": "fs", "base_path": f"{tmp}/b-fsd", "use_odirect": True}),
                 # saria's buffer holds the benchmark's chunks (as fs's page cache
-                # does): with a buffer smaller than a round, loads right after
-                # the stores miss chunks whose SSD write is still queued.
+                # does), so the row is the adapter's own overhead; with a smaller
+                # buffer the loads come from the SSD (BENCHMARKS.md: 4-chunk buffer).
                 ("saria", {"type": "plugin", "module_path": "saria.lmcache",
                            "class_name": "SariaL2Adapter", "adapter_params": {
                                "path": f"{tmp}/b-saria", "admission": "full-duplicate",

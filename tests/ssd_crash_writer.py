@@ -1,6 +1,9 @@
 """Helper of tests/test_ssd_store.py: writes blocks until it is killed.
 
-Usage: python ssd_crash_writer.py DIR CAPACITY_BYTES BLOCK_BYTES BATCH
+Usage: python ssd_crash_writer.py DIR CAPACITY_BYTES BLOCK_BYTES BATCH [COMPACT]
+
+COMPACT: the store's ``journal_compact_entries`` (small values make the
+journal write a checkpoint every few calls, so kills land in checkpoints too).
 
 Every block's key is sha256(b"crash" + counter) and its bytes are derived from
 the key (``block_bytes_for``), so the parent can verify what it recovers.
@@ -29,7 +32,8 @@ def main() -> None:
     from saria.tiers.ssd import SsdStore
 
     d, cap, bb, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    store = SsdStore([d], cap, bb, threads=4, unit_bytes=256 << 10)
+    compact = int(sys.argv[5]) if len(sys.argv) > 5 else 0
+    store = SsdStore([d], cap, bb, threads=4, unit_bytes=256 << 10, journal_compact_entries=compact)
     live: list[int] = []
     i = 0
     out = sys.stdout

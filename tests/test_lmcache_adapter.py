@@ -149,6 +149,9 @@ def test_a_new_adapter_finds_what_the_last_one_persisted_and_a_corrupted_chunk_i
     s2 = session(admission="full-duplicate")
     r = s2.drv.request(a)                            # a restart: L1 empty, saria's SSD kept them
     assert (r.l1_hits, r.l2_hits, r.mismatched) == (0, 8, 0)
+    st = s2.adapter.report_status()                  # opened from the journal, counted apart
+    assert 0 < st["ssd_recovery_bytes_read"] < 8 * slot_bytes
+    assert st["ssd_bytes_read"] == 8 * slot_bytes    # the eight loads, nothing of the open
     s2.close()
     data = tmp_path / "saria-lmcache" / "saria-ssd.data"
     with open(data, "r+b") as f:

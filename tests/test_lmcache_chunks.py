@@ -137,8 +137,14 @@ def test_a_chunk_corrupted_on_the_drive_is_a_miss_and_leaves_the_ssd(tmp_path):
     assert two is not None and np.array_equal(two, payload(2))
     flip(cs, 3)
     cs.close()
-    again = make(tmp_path)                               # a restart's scan drops it too
-    assert again.lookup_lock([digest(3), digest(4)]) == [False, True]
+    again = make(tmp_path)                               # a restart reads the journal: 3 is
+    assert again.lookup_lock([digest(3), digest(4)]) == [True, True]  # listed, its read a miss
+    assert get(again, [3]) == [None]
+    (four,) = get(again, [4])
+    assert four is not None and np.array_equal(four, payload(4))
+    again.unlock([digest(3), digest(4)])
+    assert again.lookup_lock([digest(3)]) == [False]     # and it left the SSD tier
+    assert again.status()["ssd_read_failures"] == 1
     again.close()
 
 

@@ -167,7 +167,7 @@ def test_master_killed_breaker_opens_then_restart_resumes():
     client_env()
     with MooncakeMaster() as m:
         t = RemoteTier(m.settings(segment_bytes=64 << 20, staging_rows=16, deadline_s=0.3,
-                                  breaker_failures=2, breaker_cooldown_s=1.0), "ns-f", BLOCK)
+                                  breaker_failures=2, breaker_cooldown_s=3.0), "ns-f", BLOCK)
         try:
             keys, data = _fresh(4, 7)
             assert t.put(keys, data).stored.all()

@@ -92,6 +92,67 @@ def test_restart_finds_persisted_blocks(tmp_path):
         assert cache.stats.adopted_blocks == 6
 
 
+def test_restart_from_the_journal_counts_its_reads_apart(tmp_path):
+    """A restarted cache adopts its SSD blocks from the journal: the open reads a
+    few pages (recovery), not the drive, and "SSD bytes read" stays 0 until a load."""
+    a = keys_for(1, 6)
+    with make(tmp_path, admission="full-duplicate") as cache:
+        request(cache, a)
+    with make(tmp_path, admission="full-duplicate") as cache:
+        g = cache.gauges()
+        assert g["ssd_bytes_read"] == 0 and g["ssd_recovered_unadopted"] == 6
+        assert 0 < g["ssd_recovery_bytes_read"] <= 4 * 4096  # superblock, checkpoint, segment
+        assert g["ssd_journal_bytes_written"] > 0            # the open's fresh checkpoint
+        assert cache.backend.ssd.stats()["drives"][0]["recovery_source"] == "journal"
+        assert cache.lookup(a).blocks_from(Tier.SSD) == 6  # adopts them
+        out = np.empty((6, BB), np.uint8)
+        assert cache.load(a, out).blocks == 6 and (out == synthetic_rows(a, BB)).all()
+        assert cache.gauges()["ssd_bytes_read"] == 6 * (BB + 4096)
+
+
+def _corrupt(cache: TieredCache, tmp_path, handle: int) -> None:
+    off = 4096 + handle * cache.backend.ssd.slot_bytes + 64 + 100
+    with open(tmp_path / "d0" / DATA_FILE_NAME, "r+b") as f:
+        f.seek(off)
+        byte = f.read(1)
+        f.seek(off)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _wait(cond, timeout: float = 20.0) -> bool:
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_scrub_drops_corrupt_blocks_from_the_index_and_the_recovered(tmp_path):
+    a, b = keys_for(1, 6), keys_for(2, 6)
+    with make(tmp_path, admission="full-duplicate") as cache:
+        request(cache, a)
+        request(cache, b)
+    rate = 40 * (BB + 4096)  # bytes per second: a pass over 12 blocks in well under a second
+    with make(tmp_path, admission="full-duplicate", ssd_scrub_bytes_per_s=rate) as cache:
+        # adopt a's blocks; leave b's recovered but not adopted
+        assert cache.lookup(a).blocks_from(Tier.SSD) == 6
+        assert cache.load(a, np.empty((6, BB), np.uint8)).blocks == 6
+        with cache._lock:
+            ha = int(cache.lookup(a).slots[3])
+            hb = cache.backend.recovered[bytes(b[4])]
+        _corrupt(cache, tmp_path, ha)
+        _corrupt(cache, tmp_path, hb)
+        assert _wait(lambda: cache.gauges()["ssd_scrub_bad_slots"] >= 2)
+        assert _wait(lambda: cache.lookup(a).num_blocks == 3)   # the bad copy left the index
+        assert bytes(b[4]) not in cache.backend.recovered         # and the recovered set
+        assert cache.gauges()["ssd_scrub_bytes_read"] > 0
+        assert cache.gauges()["ssd_bytes_read"] == 6 * (BB + 4096)  # only the load above
+        assert cache.stats.ssd_read_failures == 0                  # found before any load
+
+
 def test_full_write_queue_drops_writes_and_never_blocks(tmp_path):
     with make(tmp_path, write_mode="async", write_queue=1, admission="full-duplicate") as cache:
         with cache._lock:  # the writer thread cannot take the lock: the queue stays full

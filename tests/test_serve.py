@@ -211,9 +211,10 @@ def test_server_restart_engines_recompute_then_reconnect_and_find_the_ssd(tmp_pa
     """SIGKILL the server while an engine holds a load: calls fail fast
     (``ServerUnavailable``: the engine recomputes), the restarted server is
     seen through its boot token, the old spec completes as nothing, the
-    client says hello by itself, and the SSD blocks are recovered."""
+    client says hello by itself, and the SSD blocks are recovered -- from
+    the journal, its reads apart from "SSD bytes read" (the scrub's too)."""
     srv = Server(tmp_path, "--ssd-dir", str(tmp_path / "ssd"), "--ssd-bytes", str(512 * SLOT),
-                 "--admission", "full-duplicate").start()
+                 "--admission", "full-duplicate", "--scrub-rate", "50MB").start()
     c = RemoteCache(srv.address, LAYOUT, timeout_s=0.5)
     keys = chain(4, 10)
     store(c, keys)
@@ -230,6 +231,9 @@ def test_server_restart_engines_recompute_then_reconnect_and_find_the_ssd(tmp_pa
     plan = c.lookup(keys)                 # a new session on the new server
     assert c.boot != boot and c.reconnects >= 1
     assert plan.num_blocks == 10          # recovered from the SSD
+    g = c.gauges()
+    assert g["ssd_bytes_read"] == 0 and g["ssd_recovery_bytes_read"] > 0
+    assert g["ssd_recovery_bytes_read"] < 10 * SLOT  # the journal, not the blocks
     assert c.complete_load(spec) == 0     # the old boot's spec is void
     fresh = c.prepare_load(keys, 10)
     assert (fresh.tiers == int(Tier.SSD)).all()

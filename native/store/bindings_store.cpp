@@ -42,7 +42,8 @@ nb::ndarray<nb::numpy, bool> bool_array(std::vector<uint8_t>&& v) {
 int parse_op(const std::string& op) {
   if (op == "write") return 1;
   if (op == "read") return 0;
-  throw std::invalid_argument("op: must be 'write' or 'read', got '" + op + "'");
+  if (op == "journal") return 2;
+  throw std::invalid_argument("op: must be 'write', 'read' or 'journal', got '" + op + "'");
 }
 
 }  // namespace
@@ -91,12 +92,40 @@ NB_MODULE(_store, m) {
       "crc32c of bytes [offset, offset + length) of each row `rows[i]` of a strided buffer, "
       "the GIL released (saria.tiers.remote.rows checks the arguments).");
 
+  m.def(
+      "check_drive",
+      [](const std::string& dir, bool direct) {
+        saria_store::DriveCheck c;
+        {
+          nb::gil_scoped_release rel;
+          c = saria_store::check_drive(dir, direct);
+        }
+        nb::dict x;
+        x["path"] = c.path;
+        x["block_bytes"] = c.block_bytes;
+        x["capacity_slots"] = c.n_slots;
+        x["records"] = c.records;
+        x["empty_slots"] = c.empty;
+        x["bad_headers"] = c.bad_headers;
+        x["bad_payloads"] = c.bad_payloads;
+        x["superseded"] = c.superseded;
+        x["bytes_read"] = c.bytes_read;
+        x["read_errors"] = c.read_errors;
+        x["journal"] = c.journal;
+        x["journal_entries"] = c.journal_entries;
+        x["journal_stale"] = c.journal_stale;
+        x["journal_missing"] = c.journal_missing;
+        return x;
+      },
+      "dir"_a, "direct"_a = true, "Scan one drive directory offline: every slot and the journal.");
+
   nb::class_<SsdStore>(m, "SsdStore")
       .def(
           "__init__",
           [](SsdStore* self, std::vector<std::string> dirs, std::vector<uint64_t> capacity_bytes,
              uint64_t block_bytes, int threads, uint64_t unit_bytes, bool durable, bool preallocate, bool direct,
-             bool full_scan, bool allow_degraded, bool read_only) {
+             bool full_scan, bool allow_degraded, bool read_only, bool journal, bool open_from_journal,
+             uint64_t journal_compact_entries) {
             StoreOptions o;
             o.dirs = std::move(dirs);
             o.capacity_bytes = std::move(capacity_bytes);
@@ -109,12 +138,16 @@ NB_MODULE(_store, m) {
             o.full_scan = full_scan;
             o.allow_degraded = allow_degraded;
             o.read_only = read_only;
+            o.journal = journal;
+            o.open_from_journal = open_from_journal;
+            o.journal_compact_entries = journal_compact_entries;
             nb::gil_scoped_release rel;
             new (self) SsdStore(o);
           },
           "dirs"_a, "capacity_bytes"_a, "block_bytes"_a, "threads"_a = 0, "unit_bytes"_a = 4u << 20,
           "durable"_a = false, "preallocate"_a = true, "direct"_a = true, "full_scan"_a = true,
-          "allow_degraded"_a = false, "read_only"_a = false)
+          "allow_degraded"_a = false, "read_only"_a = false, "journal"_a = true, "open_from_journal"_a = true,
+          "journal_compact_entries"_a = 0)
       .def(
           "write",
           [](SsdStore& s, KeyArray keys, DataArray data) {
@@ -169,10 +202,23 @@ NB_MODULE(_store, m) {
       .def(
           "inject_failure",
           [](SsdStore& s, int drive, const std::string& op, int err, int64_t count, int64_t skip) {
-            s.inject_failure(drive, parse_op(op) == 1, err, count, skip);
+            s.inject_failure(drive, parse_op(op), err, count, skip);
           },
           "drive"_a, "op"_a, "errno"_a, "count"_a = 1, "skip"_a = 0)
       .def("revive", &SsdStore::revive, "drive"_a)
+      .def(
+          "scrub",
+          [](SsdStore& s, uint64_t max_slots) {
+            saria_store::ScrubResult r;
+            {
+              nb::gil_scoped_release rel;
+              r = s.scrub(max_slots);
+            }
+            size_t n = r.handles.size();
+            return nb::make_tuple(to_numpy(std::move(r.handles), {n}), to_numpy(std::move(r.keys), {n, kKeyBytes}),
+                                  r.checked, r.bytes, r.wrapped);
+          },
+          "max_slots"_a)
       .def("check_drives", &SsdStore::check_drives, nb::call_guard<nb::gil_scoped_release>())
       .def("sync", &SsdStore::sync, nb::call_guard<nb::gil_scoped_release>())
       .def("close", &SsdStore::close, nb::call_guard<nb::gil_scoped_release>())
@@ -198,6 +244,17 @@ NB_MODULE(_store, m) {
                x["injected_failures"] = d.injected_failures;
                x["recovered_blocks"] = d.recovered_blocks;
                x["recovery_invalid_slots"] = d.recovery_invalid_slots;
+               x["recovery_bytes_read"] = d.recovery_bytes_read;
+               x["recovery_seconds"] = static_cast<double>(d.recovery_ns) * 1e-9;
+               x["recovery_source"] = d.recovery_source;
+               x["journal_bytes_written"] = d.journal_bytes_written;
+               x["journal_entries"] = d.journal_entries;
+               x["journal_generation"] = d.journal_generation;
+               x["checkpoints"] = d.checkpoints;
+               x["journal_dropped_tail"] = d.journal_dropped_tail;
+               x["scrub_bytes_read"] = d.scrub_bytes_read;
+               x["scrub_slots_checked"] = d.scrub_slots_checked;
+               x["scrub_bad_slots"] = d.scrub_bad_slots;
                x["failed"] = d.failed;
                x["last_errno"] = d.last_errno;
                x["last_error"] = d.last_error;

@@ -18,7 +18,7 @@ uint64_t find_records(const uint8_t* buf, uint64_t n, uint32_t first_slot, uint6
     const uint8_t* s = buf + j * slot_bytes;
     uint32_t slot = first_slot + static_cast<uint32_t>(j);
     if (verify_slot(s, slot, block_bytes, check_payload, nullptr) == Verdict::kOk) {
-      FoundRecord r{get64(s + 48), slot, {}};
+      FoundRecord r{get64(s + 48), slot, {}, get32(s + 60)};
       std::memcpy(r.key.data(), s + 16, 32);
       out->push_back(r);
     } else if (std::memcmp(s, kSlotMagic, 8) == 0) {
@@ -37,7 +37,7 @@ std::vector<Survivor> newest_per_key(const std::vector<std::vector<FoundRecord>>
       top = std::max(top, r.seq);
       auto it = best.find(r.key);
       if (it == best.end() || it->second.seq < r.seq)
-        best[r.key] = Survivor{r.key, r.seq, static_cast<uint32_t>(d), r.slot};
+        best[r.key] = Survivor{r.key, r.seq, static_cast<uint32_t>(d), r.slot, r.hcrc};
     }
   }
   *max_seq = top;

@@ -19,6 +19,7 @@ struct FoundRecord {
   uint64_t seq;
   uint32_t slot;  // local to its drive
   std::array<uint8_t, 32> key;
+  uint32_t hcrc = 0;  // the slot header's crc (header bytes 60..64)
 };
 
 // Checks `n` consecutive slots of `slot_bytes` bytes in `buf`, the first at
@@ -32,6 +33,7 @@ struct Survivor {
   std::array<uint8_t, 32> key;
   uint64_t seq;
   uint32_t drive, slot;
+  uint32_t hcrc = 0;
 };
 
 // The newest record of each key over all drives (`found[d]`: drive d's

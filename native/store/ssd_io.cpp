@@ -85,10 +85,11 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
   if (placed < k) no_space_ += k - placed;
   // `runs` index blocks by placement order; placement order == batch order.
 
+  std::vector<uint32_t> hcrcs(k, 0);  // each slot header's crc, for the journal
   std::vector<std::function<void()>> tasks;
   tasks.reserve(runs.size());
   for (const Run& r : runs) {
-    tasks.push_back([this, r, keys, data, handles] {
+    tasks.push_back([this, r, keys, data, handles, &hcrcs] {
       Drive& dr = *drives_[r.drive];
       size_t bytes = static_cast<size_t>(r.len) * slot_bytes_;
       size_t done = 0;
@@ -110,6 +111,7 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
           uint8_t loc[4];
           put32(loc, slot);
           put32(s + 60, crc32c(crc32c(0, s, 60), loc, 4));
+          hcrcs[i] = get32(s + 60);
         }
         ssize_t w = do_pwrite(dr, buf, bytes, kDataOffset + static_cast<uint64_t>(r.start) * slot_bytes_);
         if (w < 0) e = errno;
@@ -157,6 +159,25 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
         }
       }
     }
+  }
+
+  // Every completed block into its drive's slot table and journal before
+  // write() returns: an acknowledged block is in the journal.
+  for (size_t d = 0; d < drives_.size(); ++d) {
+    std::vector<FoundRecord> recs;
+    std::vector<size_t> idx;
+    for (const Run& r : runs) {
+      if (r.drive != d) continue;
+      for (uint32_t j = 0; j < r.len; ++j) {
+        size_t i = r.first + j;
+        if (handles[i] < 0) continue;
+        FoundRecord rec{r.seq0 + j, r.start + j, {}, hcrcs[i]};
+        std::memcpy(rec.key.data(), keys + i * kKeyBytes, kKeyBytes);
+        recs.push_back(rec);
+        idx.push_back(i);
+      }
+    }
+    if (!recs.empty()) journal_written(*drives_[d], recs, idx, handles);
   }
 }
 
@@ -281,6 +302,7 @@ size_t SsdStore::free(size_t k, const int64_t* handles) {
       continue;
     }
     dr.slots.give_back(slot, 1);
+    if (slot < dr.meta.size()) dr.meta[slot] = SlotMeta{};
     ++n;
   }
   return n;

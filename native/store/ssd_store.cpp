@@ -108,19 +108,44 @@ SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
     throw OsFailure(drives_[0]->last_errno, "no drive could be opened; first error: " + drives_[0]->last_error);
   }
 
-  // Recovery: scan every usable drive, keep the newest record per key.
+  // Recovery: from each usable drive's journal when it is usable, else a
+  // scan of the drive; keep the newest record per key.
   std::vector<std::vector<FoundRecord>> found(drives_.size());
-  for (size_t d = 0; d < drives_.size(); ++d)
-    if (drives_[d]->fd >= 0 && !drives_[d]->created) scan_drive(d, &found[d]);
+  bool from_journal = false;
+  const char* scan = opt_.full_scan ? "full scan" : "header scan";
+  for (size_t d = 0; d < drives_.size(); ++d) {
+    Drive& dr = *drives_[d];
+    if (dr.fd < 0) continue;
+    dr.meta.assign(dr.n_slots, SlotMeta{});
+    if (dr.created) {
+      dr.recovery_source = "created";
+      continue;
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    std::string why;
+    if (opt_.journal && opt_.open_from_journal && load_journal(dr, &found[d], &why)) {
+      dr.recovery_source = "journal";
+      from_journal = true;
+    } else {
+      dr.recovery_source = opt_.journal && opt_.open_from_journal ? std::string(scan) + " (" + why + ")" : scan;
+      scan_drive(d, &found[d]);
+    }
+    dr.recovery_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                               std::chrono::steady_clock::now() - t0).count());
+  }
   uint64_t max_seq = 0;
   std::vector<Survivor> survivors = newest_per_key(found, &max_seq);
-  seq_ = max_seq + 1;
+  // A journal does not list a write that died before its entry landed; its
+  // record may sit in a (now free) slot with a higher sequence number than
+  // any entry. Resume far above it: fewer than 2**32 writes are ever in flight.
+  seq_ = max_seq + 1 + (from_journal ? (1ull << 32) : 0);
   std::vector<uint64_t> newest(drives_.size(), 0);
   std::vector<uint32_t> cursor(drives_.size(), 0);
   recovered_.keys.reserve(survivors.size() * kKeyBytes);
   for (const Survivor& s : survivors) {
     Drive& dr = *drives_[s.drive];
     dr.slots.mark(s.slot);
+    dr.meta[s.slot] = SlotMeta{s.seq, s.hcrc, s.key};
     dr.recovered++;
     recovered_.keys.insert(recovered_.keys.end(), s.key.begin(), s.key.end());
     recovered_.handles.push_back(static_cast<int64_t>(dr.base + s.slot));
@@ -132,6 +157,29 @@ SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
   }
   for (size_t d = 0; d < drives_.size(); ++d)
     if (drives_[d]->fd >= 0) drives_[d]->slots.rebuild(cursor[d]);
+
+  // A fresh checkpoint of what was recovered (or no journal at all), before
+  // the first write.
+  for (auto& dp : drives_) {
+    Drive& dr = *dp;
+    if (dr.fd < 0) continue;
+    try {
+      if (opt_.journal) {
+        std::lock_guard<std::mutex> jg(dr.jm);
+        write_checkpoint(dr);
+      } else {
+        drop_journal(dr);
+      }
+    } catch (const OsFailure& e) {
+      if (!opt_.allow_degraded) {
+        pool_.reset();
+        release_all();
+        throw;
+      }
+      dr.jbroken = opt_.journal;
+      mark_failed(dr, e.err, e.what());
+    }
+  }
 }
 
 SsdStore::~SsdStore() { close(); }
@@ -174,6 +222,7 @@ void SsdStore::create_file(Drive& dr, uint32_t index) {
   for (int i = 0; i < 16; i += 4) put32(sb + 56 + i, rd());
   put32(sb + 72, index);
   put32(sb + kSuperCrcAt, crc32c(0, sb, kSuperCrcAt));
+  std::memcpy(dr.store_id.data(), sb + 56, 16);
   dr.fd = fd;
   int e = 0;
   size_t n = 0;
@@ -201,6 +250,8 @@ void SsdStore::create_file(Drive& dr, uint32_t index) {
 
 void SsdStore::release_all() {
   for (auto& x : drives_) {
+    if (x->jfd >= 0) ::close(x->jfd);
+    x->jfd = -1;
     if (x->fd >= 0) ::close(x->fd);
     if (x->owner_fd >= 0) ::close(x->owner_fd);
     x->fd = x->owner_fd = -1;
@@ -241,7 +292,7 @@ void SsdStore::open_reader(Drive& dr) {
     int e = errno;
     throw OsFailure(e, "drive " + dr.dir + ": cannot read the superblock: " + errstr(e));
   }
-  dr.bytes_read += static_cast<uint64_t>(r);
+  dr.recovery_bytes_read += static_cast<uint64_t>(r);
   if (r != static_cast<ssize_t>(kAlign))
     throw std::invalid_argument("dirs: " + dr.path + " is shorter than a superblock");
   check_superblock(sb, dr, false);
@@ -310,7 +361,7 @@ void SsdStore::open_drive(size_t d, uint32_t index) {
       r = ::pread(fd, sb, kAlign, 0);
     } while (r < 0 && errno == EINTR);
     if (r < 0) e = errno;
-    else dr.bytes_read += static_cast<uint64_t>(r);
+    else dr.recovery_bytes_read += static_cast<uint64_t>(r);
     auto bad = [&](const std::string& msg) {
       ::close(fd);
       dr.fd = -1;
@@ -328,6 +379,7 @@ void SsdStore::open_drive(size_t d, uint32_t index) {
     } catch (const std::invalid_argument& ex) {
       bad(ex.what());
     }
+    std::memcpy(dr.store_id.data(), sb + 56, 16);
     struct stat fst;
     if (::fstat(fd, &fst) == 0 && static_cast<uint64_t>(fst.st_size) < kDataOffset + dr.n_slots * slot_bytes_)
       bad("dirs: " + dr.path + " is shorter than its superblock says (truncated?)");
@@ -368,7 +420,7 @@ void SsdStore::scan_drive(size_t d, std::vector<FoundRecord>* out) {
               } while (r < 0 && errno == EINTR);
               if (r < 0) e = errno;
               else got = static_cast<size_t>(r);
-              dr.bytes_read += got;
+              dr.recovery_bytes_read += got;
             }
             if (e || got < kAlign) {
               io_err = e ? e : EIO;
@@ -392,7 +444,7 @@ void SsdStore::scan_drive(size_t d, std::vector<FoundRecord>* out) {
             }
             got += static_cast<size_t>(r);
           }
-          dr.bytes_read += got;
+          dr.recovery_bytes_read += got;
           if (e) {
             io_err = e;
             dr.read_errors++;
@@ -437,10 +489,10 @@ bool SsdStore::path_ok(Drive& dr) {
   return true;
 }
 
-bool SsdStore::injected(Drive& dr, bool write_op, int* err) {
+bool SsdStore::injected(Drive& dr, int op, int* err) {
   if (!dr.has_injection.load(std::memory_order_relaxed)) return false;
   std::lock_guard<std::mutex> g(dr.inj_m);
-  Injection& in = write_op ? dr.inj_write : dr.inj_read;
+  Injection& in = op == 1 ? dr.inj_write : op == 2 ? dr.inj_journal : dr.inj_read;
   if (in.count <= 0) return false;
   if (in.skip > 0) {
     --in.skip;
@@ -449,7 +501,7 @@ bool SsdStore::injected(Drive& dr, bool write_op, int* err) {
   --in.count;
   *err = in.err;
   dr.injected++;
-  if (dr.inj_write.count <= 0 && dr.inj_read.count <= 0) dr.has_injection = false;
+  if (dr.inj_write.count <= 0 && dr.inj_read.count <= 0 && dr.inj_journal.count <= 0) dr.has_injection = false;
   return true;
 }
 
@@ -457,7 +509,7 @@ bool SsdStore::injected(Drive& dr, bool write_op, int* err) {
 // transferred; *err is 0 iff all n bytes were transferred.
 ssize_t SsdStore::do_pwrite(Drive& dr, const void* buf, size_t n, uint64_t off) {
   int e = 0;
-  if (injected(dr, true, &e)) {
+  if (injected(dr, 1, &e)) {
     errno = e;
     return -1;
   }
@@ -486,7 +538,7 @@ ssize_t SsdStore::do_pwrite(Drive& dr, const void* buf, size_t n, uint64_t off) 
 
 ssize_t SsdStore::do_pread(Drive& dr, void* buf, size_t n, uint64_t off) {
   int e = 0;
-  if (injected(dr, false, &e)) {
+  if (injected(dr, 0, &e)) {
     errno = e;
     return -1;
   }
@@ -513,17 +565,17 @@ ssize_t SsdStore::do_pread(Drive& dr, void* buf, size_t n, uint64_t off) {
   return static_cast<ssize_t>(done);
 }
 
-void SsdStore::inject_failure(int drive, bool write_op, int err, int64_t count, int64_t skip) {
+void SsdStore::inject_failure(int drive, int op, int err, int64_t count, int64_t skip) {
   check_open();
   if (drive < 0 || static_cast<size_t>(drive) >= drives_.size())
     throw std::invalid_argument("drive: no drive " + std::to_string(drive));
   Drive& dr = *drives_[drive];
   std::lock_guard<std::mutex> g(dr.inj_m);
-  Injection& in = write_op ? dr.inj_write : dr.inj_read;
+  Injection& in = op == 1 ? dr.inj_write : op == 2 ? dr.inj_journal : dr.inj_read;
   in.err = err;
   in.count = count;
   in.skip = skip;
-  dr.has_injection = dr.inj_write.count > 0 || dr.inj_read.count > 0;
+  dr.has_injection = dr.inj_write.count > 0 || dr.inj_read.count > 0 || dr.inj_journal.count > 0;
 }
 
 void SsdStore::revive(int drive) {
@@ -533,6 +585,18 @@ void SsdStore::revive(int drive) {
   Drive& dr = *drives_[drive];
   if (dr.fd < 0) throw OsFailure(EBADF, "drive " + dr.dir + " was never opened; reopen the store");
   if (!path_ok(dr)) return;
+  if (opt_.journal && !opt_.read_only) {
+    std::lock_guard<std::mutex> jg(dr.jm);
+    if (dr.jbroken) {
+      try {
+        write_checkpoint(dr);  // a journal to go on with, or the drive stays failed
+      } catch (const OsFailure& e) {
+        dr.jbroken = true;
+        mark_failed(dr, e.err, e.what());
+        return;
+      }
+    }
+  }
   dr.failed = false;
 }
 
@@ -584,6 +648,17 @@ std::vector<DriveStats> SsdStore::stats() {
     s.injected_failures = d.injected;
     s.recovered_blocks = d.recovered;
     s.recovery_invalid_slots = d.invalid_slots;
+    s.recovery_bytes_read = d.recovery_bytes_read;
+    s.recovery_ns = d.recovery_ns;
+    s.recovery_source = d.recovery_source;
+    s.journal_bytes_written = d.journal_written;
+    s.journal_entries = d.jentries;
+    s.journal_generation = d.jgen;
+    s.checkpoints = d.checkpoints;
+    s.journal_dropped_tail = d.dropped_tail;
+    s.scrub_bytes_read = d.scrub_read;
+    s.scrub_slots_checked = d.scrub_checked;
+    s.scrub_bad_slots = d.scrub_bad;
     s.failed = d.failed;
     std::lock_guard<std::mutex> ge(d.err_m);
     s.last_errno = d.last_errno;
@@ -599,6 +674,10 @@ void SsdStore::close() {
   closed_ = true;
   pool_.reset();
   for (auto& d : drives_) {
+    if (d->jfd >= 0) {
+      ::close(d->jfd);  // every append was written before its write() returned
+      d->jfd = -1;
+    }
     if (d->fd >= 0) {
       if (opt_.durable && !d->failed && !opt_.read_only) ::fdatasync(d->fd);
       ::close(d->fd);

@@ -57,14 +57,29 @@
 // fdatasyncs the drives it wrote before returning, which makes it survive a
 // power loss on drives with a volatile write cache.
 //
-// Recovery. Opening an existing store scans every slot (large sequential
-// O_DIRECT reads; scan=full verifies header and payload crc, scan=header only
-// the header crc, leaving torn payloads to be caught, as every corruption is,
-// by the crc check on read). Recovery returns every valid record, one per
-// key: when several valid records carry the same key, the newest sequence
-// number wins and the others are freed. A slot the caller freed is not
-// overwritten, so until it is reused its old record (correct bytes for its
-// key) may come back after a restart; the caller may simply free it again.
+// Recovery. Opening an existing store reads each drive's journal
+// (journal.h: a checkpoint and an append-only segment listing key, slot,
+// sequence number and header crc of every block) and adopts what it lists,
+// without reading the slots; the sequence numbers then resume 2**32 above
+// the largest entry. A drive whose journal is missing or does not verify, or
+// every drive with open_from_journal=false, is scanned instead: every slot
+// (large sequential O_DIRECT reads; scan=full verifies header and payload
+// crc, scan=header only the header crc, leaving torn payloads to be caught,
+// as every corruption is, by the crc check on read). Every open then writes
+// a fresh checkpoint of what it recovered. Recovery returns every valid
+// record, one per key: when several valid records carry the same key, the
+// newest sequence number wins and the others are freed. A slot the caller
+// freed is not overwritten, so until it is reused its old record (correct
+// bytes for its key) may come back after a restart; the caller may simply
+// free it again. An entry gone stale (its slot rewritten by a write that
+// died before its own entry landed) is a miss on read, like any corruption.
+//
+// Journal appends. write() appends the entries of the blocks it wrote to
+// their drives' segments (O_DIRECT, the segment's last page rewritten with
+// its earlier bytes unchanged; fdatasync'ed too when durable) before it
+// returns their handles: an acknowledged block is in the journal. A failed
+// append acknowledges none of that drive's blocks in the call (handle -1,
+// slots given back) and marks the drive failed, like a failed slot write.
 //
 // Reads. read() verifies header, payload crc and that the stored key equals
 // the key the caller expects before copying a payload out. On any failure
@@ -85,6 +100,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -99,6 +115,7 @@
 #include <tuple>
 #include <vector>
 
+#include "store/journal.h"
 #include "store/recovery.h"
 #include "store/slot_allocator.h"
 #include "store/thread_pool.h"
@@ -134,7 +151,12 @@ struct StoreOptions {
   bool durable = false;
   bool preallocate = true;               // fallocate the file (else sparse)
   bool direct = true;                    // O_DIRECT
-  bool full_scan = true;                 // verify payload crcs on open
+  bool full_scan = true;                 // verify payload crcs when open scans a drive
+  // Keep a per-drive journal (journal.h) and open from it; without one, an
+  // open removes any journal files (they would go stale).
+  bool journal = true;
+  bool open_from_journal = true;         // false: scan even when a journal is usable (then rewrite it)
+  uint64_t journal_compact_entries = 0;  // segment entries before a checkpoint (0: max(16384, live slots))
   bool allow_degraded = false;           // a drive failing at open is marked failed
   // A reader: opens existing data files read-only (O_DIRECT), takes their
   // size from the superblock (capacity_bytes is ignored), takes no owner
@@ -153,6 +175,11 @@ struct DriveStats {
   uint64_t checksum_failures = 0, key_mismatches = 0;
   uint64_t injected_failures = 0;
   uint64_t recovered_blocks = 0, recovery_invalid_slots = 0;
+  uint64_t recovery_bytes_read = 0, recovery_ns = 0;
+  std::string recovery_source;
+  uint64_t journal_bytes_written = 0, journal_entries = 0, journal_generation = 0, checkpoints = 0;
+  uint64_t journal_dropped_tail = 0;
+  uint64_t scrub_bytes_read = 0, scrub_slots_checked = 0, scrub_bad_slots = 0;
   bool failed = false;
   int last_errno = 0;
   std::string last_error;
@@ -162,6 +189,20 @@ struct Recovered {
   std::vector<uint8_t> keys;     // n * 32
   std::vector<int64_t> handles;
   std::vector<uint64_t> seqs;
+};
+
+// What one slot holds, as far as the writer knows (seq 0: nothing).
+struct SlotMeta {
+  uint64_t seq = 0;
+  uint32_t hcrc = 0;
+  std::array<uint8_t, 32> key{};
+};
+
+struct ScrubResult {
+  std::vector<int64_t> handles;  // slots whose record no longer verifies
+  std::vector<uint8_t> keys;     // the key each of them was written with (n * 32)
+  uint64_t checked = 0, bytes = 0;
+  bool wrapped = false;          // the pass reached the end of the store and starts over
 };
 
 struct Injection {
@@ -193,8 +234,37 @@ struct Drive {
   std::string last_error;
   std::mutex inj_m;
   std::atomic<bool> has_injection{false};
-  Injection inj_write, inj_read;
+  Injection inj_write, inj_read, inj_journal;
+  // recovery
+  std::atomic<uint64_t> recovery_bytes_read{0};
+  uint64_t recovery_ns = 0;
+  std::string recovery_source;
+  std::array<uint8_t, 16> store_id{};    // superblock bytes 56..72
+  // what each slot holds (writers): guarded by SsdStore::meta_
+  std::vector<SlotMeta> meta;
+  // journal (writers; journal.h): guarded by jm, taken before meta_
+  std::mutex jm;
+  int jfd = -1;
+  bool jbroken = false;
+  std::atomic<uint64_t> jgen{0}, jentries{0};
+  uint64_t jtail_off = 0, dropped_tail = 0;
+  std::vector<uint8_t> jtail;              // bytes of the last, partial page of the segment
+  std::atomic<uint64_t> journal_written{0}, checkpoints{0};
+  // scrub
+  std::atomic<uint64_t> scrub_read{0}, scrub_checked{0}, scrub_bad{0};
 };
+
+// Offline check of one drive directory (saria store check): every slot read
+// and classified, the journal compared with what the slots hold.
+struct DriveCheck {
+  std::string path;
+  uint64_t block_bytes = 0, n_slots = 0;
+  uint64_t records = 0, empty = 0, bad_headers = 0, bad_payloads = 0, superseded = 0;
+  uint64_t bytes_read = 0, read_errors = 0;
+  std::string journal;                     // "ok", "missing", or "unusable: why"
+  uint64_t journal_entries = 0, journal_stale = 0, journal_missing = 0;
+};
+DriveCheck check_drive(const std::string& dir, bool direct);
 
 class SsdStore {
  public:
@@ -208,8 +278,12 @@ class SsdStore {
   // Returns the number of slots actually freed (invalid or already free handles are counted
   // in stats as bad_frees and skipped).
   size_t free(size_t k, const int64_t* handles);
-  void inject_failure(int drive, bool write_op, int err, int64_t count, int64_t skip);
+  // op: 0 read, 1 write (data file), 2 journal write (appends and checkpoints)
+  void inject_failure(int drive, int op, int err, int64_t count, int64_t skip);
   void revive(int drive);
+  // Reads and verifies up to `max_slots` slots that hold a block, from where
+  // the last call stopped; reports those whose record no longer verifies.
+  ScrubResult scrub(uint64_t max_slots);
   void check_drives();
   void sync();
   void close();
@@ -238,12 +312,19 @@ class SsdStore {
   void release_all();  // closes every descriptor (a failed open)
   void create_file(Drive& dr, uint32_t index);
   void scan_drive(size_t d, std::vector<FoundRecord>* out);
+  // journal_io.cpp
+  bool load_journal(Drive& dr, std::vector<FoundRecord>* out, std::string* why);
+  void write_checkpoint(Drive& dr);  // holds dr.jm; throws OsFailure
+  bool journal_append(Drive& dr, const std::vector<FoundRecord>& recs, int* err);  // holds dr.jm
+  void journal_written(Drive& dr, std::vector<FoundRecord>& recs, std::vector<size_t>& idx,
+                       int64_t* handles);
+  void drop_journal(Drive& dr);
   void mark_failed(Drive& dr, int err, const std::string& what);
   bool path_ok(Drive& dr);
   ssize_t do_pwrite(Drive& dr, const void* buf, size_t n, uint64_t off);
   ssize_t do_pread(Drive& dr, void* buf, size_t n, uint64_t off);
   uint64_t balanced_unit(size_t k) const;
-  bool injected(Drive& dr, bool write_op, int* err);
+  bool injected(Drive& dr, int op, int* err);
   void run_tasks(std::vector<std::function<void()>>& tasks, bool urgent = false) {
     run_all(pool_.get(), tasks, urgent);
   }
@@ -258,6 +339,8 @@ class SsdStore {
   std::shared_mutex life_;
   size_t rr_ = 0;
   std::atomic<uint64_t> seq_{1};
+  uint64_t scrub_pos_ = 0;  // next global slot the scrub looks at (guarded by scrub_m_)
+  std::mutex scrub_m_;
   std::atomic<uint64_t> no_space_{0}, bad_handles_{0}, bad_frees_{0};
   bool closed_ = false;
   Recovered recovered_;

@@ -21,6 +21,7 @@ _COMMANDS = (
     "saria.cli.bench_cmd",
     "saria.cli.serve_cmd",
     "saria.cli.lmcache_cmd",
+    "saria.cli.store_cmd",
 )
 
 

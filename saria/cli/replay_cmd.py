@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from saria.cli import fleet_cmd
 from saria.errors import ConfigError
 from saria.policy import PROMOTIONS, make_admission
 from saria.sim.engine import LOOKUPS
@@ -79,6 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="real mode: directory for the SSD store, one subdirectory per policy, "
                    "kept afterwards (default: a temporary one, removed after each policy)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
+    fleet_cmd.add_flags(p)
     p.add_argument("--csv", type=Path, default=None, metavar="PATH", help="write one CSV row per policy")
     p.set_defaults(func=run)
 
@@ -112,9 +114,13 @@ def parse_args_to_config(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.nodes is not None and args.policy is None:
+        args.policy = ["saria"]
     cfg = parse_args_to_config(args)
     if args.mode == "real":
         return run_real_mode(args, cfg)
+    if args.nodes is not None:
+        fleet_cmd.fleet_spec(args, (args.routing or ["round-robin"])[0])  # flags before work
     path, sessions = _trace_and_sessions(args, default_sessions=DEFAULT_SESSIONS)
     err = Console(stderr=True)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -125,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
         if trace.block_size is None:
             raise ConfigError("trace", f"{path}: has no block hash ids; replay needs prefix identity")
         spec = args.arrivals or (DEFAULT_ARRIVALS if trace.has_sessions else "trace")
+        if args.nodes is not None:
+            bar.stop()
+            return fleet_cmd.run_fleet(args, cfg, trace, path, spec)
         arrivals = ArrivalModel.from_spec(spec)
         read_path = ReadPath(args.lookup, args.promotion, args.coordinator, args.r)
         results: dict[str, dict] = {}

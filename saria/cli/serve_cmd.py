@@ -36,6 +36,13 @@ def register(sub) -> None:
     p.add_argument("--listen", default=default_listen(),
                    help="ZMQ address (default: an owner-only ipc:// socket in the runtime dir)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus endpoint port")
+    p.add_argument("--events", default=None, metavar="ENDPOINT",
+                   help="publish the node's KV events (vLLM's KVEventBatch, ZMQ PUB) at this "
+                   "endpoint, e.g. tcp://*:5557 (default: off)")
+    p.add_argument("--node", default="", help="this node's name in event topics kv@NODE@MODEL "
+                   "(default: the host name)")
+    p.add_argument("--scrub-rate", default="0",
+                   help="background SSD scrub, bytes per second (e.g. 50MB; default 0: off)")
     p.set_defaults(func=_serve)
 
     s = sub.add_parser("status", help="print a running saria serve's figures")
@@ -53,7 +60,9 @@ def _serve(args) -> int:
         listen=args.listen, dram_bytes=int(parse_size(args.dram, name="--dram")),
         ssd_dirs=tuple(args.ssd_dir), ssd_bytes=int(parse_size(args.ssd_bytes, name="--ssd-bytes")),
         admission=args.admission, promotion=args.promotion, dwpd=args.dwpd,
-        max_models=args.max_models, lease_s=args.lease, metrics_port=args.metrics_port)
+        max_models=args.max_models, lease_s=args.lease, metrics_port=args.metrics_port,
+        events=args.events, node=args.node,
+        scrub_bytes_per_s=float(parse_size(args.scrub_rate, name="--scrub-rate")))
     return run(cfg)
 
 

@@ -120,6 +120,11 @@ def resolve_algo(algo: str) -> str:
     return name
 
 
+def digest_bytes(algo: str) -> int:
+    """Bytes of a block key's digest under `algo` (32 for sha256, 16 for xxh3)."""
+    return _DIGEST_BYTES[resolve_algo(algo)]
+
+
 def get_hash_fn(algo: str) -> Callable[[Any], bytes]:
     """The hash function ``object -> digest`` for ``algo`` (canonical name or alias)."""
     name = resolve_algo(algo)

@@ -289,6 +289,8 @@ class ChunkStore:
             out.update({k: g[k] for k in ("dram_slots", "dram_used_slots", "ssd_slots",
                                           "ssd_free_slots", "ssd_failed_drives",
                                           "ssd_bytes_written", "ssd_bytes_read",
+                                          "ssd_recovery_bytes_read", "ssd_recovery_seconds",
+                                          "ssd_journal_bytes_written", "ssd_scrub_bytes_read",
                                           "ssd_recovered_unadopted") if k in g})
             st = self._cache.stats
             out.update(ssd_writes=st.ssd_write_blocks, ssd_writes_dropped=st.writes_dropped,

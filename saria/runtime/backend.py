@@ -23,7 +23,11 @@ for tests that choose when each write lands). It decides nothing.
   store verifies them like any block.
 * Blocks the store recovered at start-up (a restart) wait in ``recovered``
   until a lookup adopts them into the index; when the SSD is full, the core
-  reclaims the ones nobody asked for first (``reclaim_ssd``).
+  reclaims the ones nobody asked for first (``reclaim_ssd``). The store
+  finds them in its journal, not by reading the drive (``saria.tiers.ssd``).
+* ``scrub_bytes_per_s`` > 0 starts a scrub thread that re-reads the SSD's
+  blocks at that rate (token bucket, outside the cache's lock) and hands the
+  slots that no longer verify to ``on_scrub_bad`` (the cache drops them).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import hashlib
 import logging
 import queue
 import threading
+import time
 
 import numpy as np
 
@@ -88,6 +93,7 @@ class TierBackend(Backend):
                  ssd_bytes: int = 0, state_units: int = 0, write_mode: str = "async",
                  write_queue: int = 256, pin: bool | None = None, shared_pool: str | None = None,
                  staging_slots: int = 0, write_behind: int | None = None,
+                 scrub_bytes_per_s: float = 0.0,
                  lock: threading.RLock) -> None:
         self.block_bytes = block_bytes
         self.state_units = state_units
@@ -132,6 +138,18 @@ class TierBackend(Backend):
             self._writer = threading.Thread(target=self._write_loop, name="saria-ssd-writer",
                                             daemon=True)
             self._writer.start()
+        # Background scrub (off at 0): re-reads the SSD's blocks at this rate
+        # and hands the ones that no longer verify to `on_scrub_bad(handles,
+        # keys)` (the cache drops them from its index).
+        self.scrub_bytes_per_s = float(scrub_bytes_per_s)
+        self.on_scrub_bad = None
+        self.scrub_passes = 0
+        self._scrub_stop = threading.Event()
+        self._scrubber: threading.Thread | None = None
+        if self.ssd is not None and self.scrub_bytes_per_s > 0:
+            self._scrubber = threading.Thread(target=self._scrub_loop, name="saria-ssd-scrub",
+                                              daemon=True)
+            self._scrubber.start()
 
     # ---------------------------------------------------------- Backend API
 
@@ -248,7 +266,13 @@ class TierBackend(Backend):
             tot = st["total"]
             out.update(ssd_slots=tot["capacity_slots"], ssd_free_slots=tot["free_slots"],
                        ssd_failed_drives=tot["failed_drives"],
-                       ssd_bytes_written=tot["bytes_written"], ssd_bytes_read=tot["bytes_read"])
+                       ssd_bytes_written=tot["bytes_written"], ssd_bytes_read=tot["bytes_read"],
+                       ssd_recovery_bytes_read=tot["recovery_bytes_read"],
+                       ssd_recovery_seconds=tot["recovery_seconds"],
+                       ssd_journal_bytes_written=tot["journal_bytes_written"],
+                       ssd_scrub_bytes_read=tot["scrub_bytes_read"],
+                       ssd_scrub_bad_slots=tot["scrub_bad_slots"],
+                       ssd_scrub_passes=self.scrub_passes)
             for i, d in enumerate(st["drives"]):
                 out[f"ssd_bytes_written_drive{i}"] = int(d["bytes_written"])
                 out[f"ssd_bytes_read_drive{i}"] = int(d["bytes_read"])
@@ -276,6 +300,10 @@ class TierBackend(Backend):
         return ran
 
     def close(self) -> None:
+        if self._scrubber is not None:
+            self._scrub_stop.set()
+            self._scrubber.join()
+            self._scrubber = None
         if self._queue is not None:
             if self._writer is not None:
                 self._queue.put(None)
@@ -288,6 +316,35 @@ class TierBackend(Backend):
             self.ssd.close()
 
     # -------------------------------------------------------------- helpers
+
+    def _scrub_loop(self) -> None:
+        """Reads `scrub_bytes_per_s` of SSD slots per second (token bucket,
+        one second of room), outside the cache's lock."""
+        period = 0.05
+        tokens = 0.0
+        slot = self.ssd.slot_bytes
+        last = time.monotonic()
+        while not self._scrub_stop.wait(period):
+            now = time.monotonic()
+            tokens = min(tokens + (now - last) * self.scrub_bytes_per_s,
+                         max(self.scrub_bytes_per_s, slot))
+            last = now
+            n = int(tokens // slot)
+            if n == 0:
+                continue
+            try:
+                rep = self.ssd.scrub(n)
+            except Exception:  # closed under us, or the drive went away: stop quietly
+                return
+            tokens -= rep.bytes_read if rep.checked else n * slot  # an empty store costs its tokens
+            if rep.wrapped:
+                self.scrub_passes += 1
+            if rep.handles.size and self.on_scrub_bad is not None:
+                try:
+                    self.on_scrub_bad(rep.handles, rep.keys)
+                except Exception:  # the next pass finds them again
+                    log.exception("saria: dropping %d slots the scrub found bad failed",
+                                  rep.handles.size)
 
     def _payload(self, job: SsdWrite) -> tuple[np.ndarray, np.ndarray]:
         """The keys and bytes to write, copied out of DRAM now (a held job's

@@ -73,6 +73,9 @@ class CacheConfig:
     # their SSD write is queued; None: a 16th of the pool (asynchronous writes)
     write_behind: int | None = None
     dwpd: float = 1.0  # the drives' rating, for the budget admission
+    # Background scrub of the SSD (bytes per second; 0: off): blocks that no
+    # longer verify leave the index (every load verifies anyway).
+    ssd_scrub_bytes_per_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.block_bytes <= 0:
@@ -89,6 +92,8 @@ class CacheConfig:
             raise ConfigError("write_queue", "must be at least 1")
         if self.state_bytes < 0:
             raise ConfigError("state_bytes", f"must not be negative, got {self.state_bytes}")
+        if not self.ssd_scrub_bytes_per_s >= 0:
+            raise ConfigError("ssd_scrub_bytes_per_s", f"must be >= 0, got {self.ssd_scrub_bytes_per_s}")
 
     @property
     def state_units(self) -> int:
@@ -123,7 +128,9 @@ class TieredCache:
             state_units=config.state_units, write_mode=config.write_mode,
             write_queue=config.write_queue, pin=config.pin, shared_pool=config.shared_pool,
             staging_slots=config.staging_slots, write_behind=config.write_behind,
+            scrub_bytes_per_s=config.ssd_scrub_bytes_per_s if writes else 0.0,
             lock=self._lock)
+        self.backend.on_scrub_bad = self._drop_scrubbed
         index = RadixIndex(config.max_blocks, hybrid=config.state_bytes > 0,
                            clock=clock or wall_clock)
         self.manager = CacheManager(index, admission, promotion, self.backend,
@@ -341,6 +348,19 @@ class TieredCache:
         self.close()
 
     # --------------------------------------------------------------- helpers
+
+    def _drop_scrubbed(self, handles: np.ndarray, keys: np.ndarray) -> None:
+        """The scrub found these SSD slots bad: a recovered block not yet
+        adopted is forgotten, an indexed copy still in that slot is dropped
+        (the block may have left the SSD or moved meanwhile)."""
+        with self._lock:
+            for h, k in zip(handles.tolist(), keys):
+                key = bytes(k)
+                if self.backend.recovered.get(key) == h:
+                    del self.backend.recovered[key]
+                    self.backend.free(SSD, np.array([h], np.int64))
+                elif self.manager.index.slot_of(key, SSD) == h:
+                    self.manager.drop_ssd(np.asarray(k, np.uint8).reshape(1, 32))
 
     def _adopt(self, keys: np.ndarray, plan: ReloadPlan) -> bool:
         """Puts recovered SSD blocks that extend the available prefix of

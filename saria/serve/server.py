@@ -38,6 +38,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,10 +48,13 @@ import zmq
 
 from saria.core import LoadSpec, StoreSpec
 from saria.errors import ConfigError, SariaError
+from saria.keys import digest_bytes
 from saria.policy import make_admission
+from saria.routing import wire
 from saria.runtime.cache import CacheConfig, TieredCache
 from saria.serve import protocol as P
 from saria.serve.metrics import ServerMetrics
+from saria.serve.publisher import EventPublisher, to_wire
 from saria.serve.paths import default_listen, default_runtime_dir  # noqa: F401
 
 log = logging.getLogger("saria.serve")
@@ -74,6 +78,9 @@ class ServerConfig:
     lease_s: float = 10.0
     metrics_port: int | None = None
     pin: bool = False  # workers page-lock their own mappings
+    events: str | None = None  # ZMQ PUB endpoint of the node's KV events (None: off)
+    node: str = ""             # the node's name in event topics (default: the host name)
+    scrub_bytes_per_s: float = 0.0  # background SSD scrub of each namespace's store (0: off)
 
     def __post_init__(self) -> None:
         if self.max_models < 1:
@@ -82,6 +89,8 @@ class ServerConfig:
             raise ConfigError("lease_s", f"must be positive, got {self.lease_s}")
         if self.dram_bytes <= 0:
             raise ConfigError("dram", f"must be positive, got {self.dram_bytes}")
+        if not self.scrub_bytes_per_s >= 0:
+            raise ConfigError("scrub_rate", f"must be >= 0, got {self.scrub_bytes_per_s}")
         make_admission(self.admission, dwpd=self.dwpd)  # a bad name fails here, naming the key
 
 
@@ -109,11 +118,13 @@ class CacheServer:
     def __init__(self, cfg: ServerConfig, *, runtime_dir: str | None = None) -> None:
         self.cfg = cfg
         self.boot = secrets.token_hex(8)
+        self.node = cfg.node or socket.gethostname()
         self.runtime_dir = runtime_dir or default_runtime_dir()
         if cfg.listen.startswith("ipc://"):
             os.makedirs(os.path.dirname(cfg.listen[len("ipc://"):]) or ".", mode=0o700,
                         exist_ok=True)
         self.caches: dict[str, TieredCache] = {}
+        self.layouts: dict[str, dict] = {}
         self.pools: dict[str, str] = {}
         self.sessions: dict[str, Session] = {}
         self._next_spec = 1
@@ -129,6 +140,11 @@ class CacheServer:
         finally:
             os.umask(old)
         self.address = self.sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.publisher = None
+        if cfg.events:
+            self.publisher = EventPublisher(cfg.events, self.ctx)
+            log.info("saria serve: KV events on %s as node %r", self.publisher.address,
+                     self.node)
         removed = remove_stale_pools()
         if removed:
             log.info("saria serve: removed %d pool file(s) of servers no longer running: %s",
@@ -169,6 +185,7 @@ class CacheServer:
                             break
                         self._handle(frames)
                 self._expire(time.monotonic())
+                self._publish()
         finally:
             self.close()
 
@@ -186,10 +203,23 @@ class CacheServer:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+        self._publish()  # what the flush moved
         self.caches.clear()
+        if self.publisher is not None:
+            self.publisher.close()
         self.metrics.close()
         self.sock.close(0)
         self.ctx.term()
+
+    def _publish(self) -> None:
+        """Each namespace's residency changes since the last call, one batch."""
+        if self.publisher is None:
+            return
+        for ns, cache in self.caches.items():
+            layout = self.layouts[ns]
+            events = to_wire(cache.take_events(), block_size=layout["block_size"],
+                             digest=layout["digest"])
+            self.publisher.publish(wire.topic(self.node, layout["model"]), events)
 
     def _handle(self, frames: list[bytes]) -> None:
         if len(frames) < 2:
@@ -296,7 +326,9 @@ class CacheServer:
                 block_bytes=slot_bytes, dram_bytes=dram, ssd_dirs=dirs,
                 ssd_bytes=self.cfg.ssd_bytes // self.cfg.max_models if dirs else 0,
                 admission=self.cfg.admission, promotion=self.cfg.promotion, dwpd=self.cfg.dwpd,
-                shared_pool=pool, staging_slots=staging, pin=self.cfg.pin))
+                shared_pool=pool, staging_slots=staging, pin=self.cfg.pin,
+                events=self.publisher is not None,
+                ssd_scrub_bytes_per_s=self.cfg.scrub_bytes_per_s))
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pool)
@@ -304,6 +336,11 @@ class CacheServer:
         os.chmod(pool, 0o600)
         self.pools[ns] = pool
         self.caches[ns] = cache
+        self.layouts[ns] = {"model": str(layout["model"]), "block_size": int(layout["block_size"]),
+                            "digest": _digest(layout)}
+        if self.publisher is not None:  # an indexer drops what it knew of this node
+            self.publisher.publish(wire.topic(self.node, self.layouts[ns]["model"]),
+                                   [wire.Cleared()])
         g = cache.gauges()
         log.info("saria serve: namespace %s (%s): DRAM %d slots of %d B, SSD %s (%d blocks "
                  "recovered)", ns, layout["model"], g["dram_slots"], slot_bytes,
@@ -474,6 +511,13 @@ class CacheServer:
 
 
 POOL_DIR = "/dev/shm"
+
+
+def _digest(layout: dict) -> int:
+    try:
+        return digest_bytes(str(layout["hash_algo"]))
+    except (KeyError, ValueError):
+        return 32
 
 
 def _pool_prefix() -> str:

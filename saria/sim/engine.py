@@ -158,7 +158,7 @@ class Replay:
     """
 
     def __init__(self, setup: ReplaySetup, *, cache=None, mover=None,
-                 clock: VirtualClock | None = None) -> None:
+                 clock: VirtualClock | None = None, remote=None, node_id: int = 0) -> None:
         if setup.lookup not in LOOKUPS:
             raise ValueError(f"unknown lookup {setup.lookup!r}; valid: {', '.join(LOOKUPS)}")
         self.setup = setup
@@ -178,6 +178,10 @@ class Replay:
             cache = CacheManager(index, setup.admission, setup.promotion, backend,
                                  record_writes=True)
         self.cache = cache
+        # A cluster tier shared with other nodes (``saria.sim.cluster``): it
+        # extends the local prefix and receives what this node computes.
+        self.remote = remote
+        self.node_id = node_id
         self.mover = mover or NoBytes()
         self.gpu_on = cache.backend.capacity(GPU) > 0
         # SSD-written blocks, and those of them read back at least once.
@@ -205,13 +209,18 @@ class Replay:
                 progress(i + 1)
         return self.stats
 
-    def serve(self, a: Arrival) -> float:
-        """Serves one request; returns its TTFT."""
-        st = self.stats
-        self.clock.advance_to(max(self.clock.now, a.time))
-        keys = trace_block_keys(a.hash_ids, namespace=a.namespace,
+    def keys_of(self, a: Arrival) -> np.ndarray:
+        return trace_block_keys(a.hash_ids, namespace=a.namespace,
                                 trace_block_size=self.setup.trace_block_size,
                                 engine_block_size=self.block_size, num_tokens=a.input_tokens)
+
+    def serve(self, a: Arrival, keys: np.ndarray | None = None) -> float:
+        """Serves one request (its block `keys` if the caller has them);
+        returns its TTFT."""
+        st = self.stats
+        self.clock.advance_to(max(self.clock.now, a.time))
+        if keys is None:
+            keys = self.keys_of(a)
         n = keys.shape[0]
         plan = self.cache.lookup(keys)
         # A full hit still recomputes the last token: at most (L-1)//bs blocks.
@@ -254,9 +263,15 @@ class Replay:
         # The reload is issued when the request is next in line for the GPU
         # (one request of look-ahead, as a connector loads while the previous
         # prefill runs) and shares the ingress link with earlier reloads.
-        loaded = self.reloads.submit(max(a.time, self.gpu_started), dram_bytes, ssd_bytes)
+        issued = max(a.time, self.gpu_started)
+        loaded = self.reloads.submit(issued, dram_bytes, ssd_bytes)
+        remote = 0  # blocks past the local prefix read from the cluster tier
+        if self.remote is not None and not self.hybrid and hit < limit:
+            remote, fetched = self.remote.fetch(self, keys, hit, limit, issued)
+            loaded = max(loaded, fetched)
+            st.hit_tokens["CLUSTER"] = st.hit_tokens.get("CLUSTER", 0) + remote * self.block_size
         model = self.setup.preset.model
-        new_tokens = a.input_tokens - hit * self.block_size
+        new_tokens = a.input_tokens - (hit + remote) * self.block_size
         prefill = model.prefill_flops(new_tokens, a.input_tokens) / \
             self.setup.preset.hardware.prefill_flops_per_s
         self.gpu_started = max(loaded, self.gpu_free_at)
@@ -281,6 +296,8 @@ class Replay:
 
         self._drive_cache(keys, hit, gpu_run, ckpt_tier, ssd_pos, n_dram, a.namespace,
                           plan.num_known)
+        if self.remote is not None:
+            self.remote.publish(self, keys, hit + remote, done)
         return ttft
 
     # ---------------------------------------------------------- mechanics

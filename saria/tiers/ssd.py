@@ -49,9 +49,13 @@ Engine behaviour
   engine's next ``count`` I/O calls of that kind on that drive (after
   ``skip``) fail with ``errno``, through the real error path.
 * **Accounting.** ``bytes_written`` / ``bytes_read`` per drive count every
-  byte that a successful (or partial) ``pwrite``/``pread`` moved: headers,
-  padding, superblock and the recovery scan included, because they all wear
-  or load the drive. ``payload_bytes_*`` count block bytes only.
+  byte that a successful (or partial) ``pwrite``/``pread`` of the data path
+  moved: headers, padding and the superblock at creation included, because
+  they all wear or load the drive. What opening the store read
+  (``recovery_bytes_read``: superblock, journal or scan), what the scrub read
+  (``scrub_bytes_read``) and what the journal wrote
+  (``journal_bytes_written``) are their own figures. ``payload_bytes_*``
+  count block bytes only.
 
 SSD on-disk format (version 1, little endian)
 ---------------------------------------------
@@ -78,14 +82,33 @@ Each drive directory holds one file, ``saria-ssd.data``, of
 * Sequence numbers increase per store; a reopened store continues from one
   past the largest it finds.
 
-Recovery: opening existing files scans every slot (4 MiB sequential O_DIRECT
-reads; ``verify_on_open="full"`` checks both crcs, ``"header"`` only the
-header crc, which reads just one page of each slot when slots are larger than
-64 KiB and leaves torn payloads to the check on read). Every valid record is
-returned, one per key: duplicates keep the highest sequence number and the
-rest are freed. A slot that was freed but not yet reused still holds a valid
-record of its key, so it can come back after a restart: its bytes are right
-for its key, and the index can free it again.
+Journal (``native/store/journal.h`` has the format): beside each data file a
+checkpoint ``saria-ssd.ckpt`` and an append-only segment
+``saria-ssd.journal`` list what recovery needs of every block (slot, key,
+sequence number, header crc, 64 bytes each, with their own crc). ``write``
+appends the entries of a call's blocks (O_DIRECT, one page rewrite or a few)
+before it returns their handles, so every acknowledged block is in the
+journal; when the segment holds ``journal_compact_entries`` entries it is
+compacted into a new checkpoint (tmp file, fdatasync, rename). The slot
+header stays the truth and the journal a hint: every read verifies header,
+key and crc, so a stale entry (a slot rewritten by a write that died before
+its entry landed) is a miss. A torn last entry is dropped; a journal that
+does not verify (bad header or checkpoint crc, a bad entry before good ones,
+another data file's) is not used and that drive is scanned. After a journal
+open the sequence numbers resume 2**32 above the largest entry (above any
+write the journal missed).
+
+Recovery (``verify_on_open``): ``"journal"`` reads the journal (a few
+megabytes: 64 bytes per block), ``"full"`` / ``"header"`` scan every slot
+(4 MiB sequential O_DIRECT reads; ``"full"`` checks both crcs, ``"header"``
+only the header crc, one page of each slot when slots are larger than 64 KiB,
+leaving torn payloads to the check on read). Every open then writes a fresh
+checkpoint of what it recovered. Every valid record is returned, one per key:
+duplicates keep the highest sequence number and the rest are freed. A slot
+that was freed but not yet reused still holds a valid record of its key, so
+it can come back after a restart: its bytes are right for its key, and the
+index can free it again. ``scrub`` re-reads the blocks in the background and
+``check_drive`` (``saria store check``) scans a drive offline.
 """
 
 from __future__ import annotations
@@ -101,7 +124,7 @@ from saria.errors import ConfigError, SariaError
 
 from saria import _store
 
-__all__ = ["SsdStore", "RecoveredBlocks", "StoreClosedError", "ReadOnlyStoreError", "DATA_FILE_NAME", "crc32c"]
+__all__ = ["SsdStore", "RecoveredBlocks", "ScrubReport", "check_drive", "StoreClosedError", "ReadOnlyStoreError", "DATA_FILE_NAME", "crc32c"]
 
 DATA_FILE_NAME: str = _store.DATA_FILE_NAME
 HEADER_BYTES: int = int(_store.HEADER_BYTES)
@@ -124,6 +147,39 @@ class RecoveredBlocks(NamedTuple):
     keys: np.ndarray  # (n, 32) uint8
     handles: np.ndarray  # (n,) int64
     seqs: np.ndarray  # (n,) uint64
+
+
+class ScrubReport(NamedTuple):
+    """One ``SsdStore.scrub`` call: the slots found bad and what it read."""
+
+    handles: np.ndarray  # (n,) int64
+    keys: np.ndarray  # (n, 32) uint8: the key each bad slot was written with
+    checked: int
+    bytes_read: int
+    wrapped: bool  # the pass reached the end of the store and starts again
+
+
+def check_drive(dir: str | os.PathLike, *, direct: bool = True) -> dict[str, Any]:
+    """Scan one drive directory offline (``saria store check``): every slot
+    read and classified, the journal compared with what the slots hold.
+
+    Returns path, block_bytes, capacity_slots, records (newest record per
+    key), empty_slots, bad_headers (a slot magic whose header does not
+    verify: torn or corrupt), bad_payloads (header fine, payload crc not),
+    superseded (older records of a key that has a newer one), bytes_read,
+    read_errors, journal ("ok", "missing" or "unusable: why"),
+    journal_entries, journal_stale (entries whose slot holds something else:
+    a miss when loaded) and journal_missing (records the journal does not
+    list: written when a crash cut their entry, never acknowledged).
+    Raises ConfigError("dir", ...) when the directory holds no data file
+    saria can read."""
+    try:
+        return dict(_store.check_drive(os.fspath(dir), bool(direct)))
+    except ValueError as e:
+        key, sep, msg = str(e).partition(": ")
+        raise ConfigError(key if sep else "dir", msg if sep else str(e)) from None
+    except OSError as e:
+        raise ConfigError("dir", e.strerror or str(e)) from None
 
 
 def slot_bytes_for(block_bytes: int) -> int:
@@ -172,7 +228,16 @@ class SsdStore:
         useful to test ENOSPC on a small filesystem).
     direct: open with O_DIRECT (the default; turn off only on a filesystem
         without O_DIRECT support).
-    verify_on_open: "full" (every crc) or "header" (faster for big slots).
+    verify_on_open: "journal" (the default: read each drive's journal and
+        adopt what it lists; a drive whose journal is missing or unusable is
+        scanned in full), or a scan of every slot even when the journal is
+        usable: "full" (every crc) or "header" (header crcs only, one page
+        per slot).
+    journal: keep a per-drive journal (``saria-ssd.ckpt`` and
+        ``saria-ssd.journal`` beside the data file). Without one, an open
+        removes the journal files (they would go stale) and the next open scans.
+    journal_compact_entries: segment entries after which the journal is
+        compacted into a new checkpoint (0: max(16384, blocks on the drive)).
     allow_degraded: a drive that cannot be opened is marked failed instead of
         failing the whole open (at least one drive must open).
     read_only: a reader (see ``SsdStore.reader``): the files must exist, their
@@ -197,9 +262,11 @@ class SsdStore:
         durable: bool = False,
         preallocate: bool = True,
         direct: bool = True,
-        verify_on_open: str = "full",
+        verify_on_open: str = "journal",
         allow_degraded: bool = False,
         read_only: bool = False,
+        journal: bool = True,
+        journal_compact_entries: int = 0,
     ) -> None:
         if isinstance(dirs, (str, os.PathLike)):
             dirs = [dirs]
@@ -232,8 +299,11 @@ class SsdStore:
             raise ConfigError("block_bytes", f"must be at most 2**30, got {block_bytes}")
         threads = _as_int("threads", threads, 0)
         unit_bytes = _as_int("unit_bytes", unit_bytes, ALIGN)
-        if verify_on_open not in ("full", "header"):
-            raise ConfigError("verify_on_open", f"must be 'full' or 'header', got {verify_on_open!r}")
+        if verify_on_open not in ("journal", "full", "header"):
+            raise ConfigError("verify_on_open", f"must be 'journal', 'full' or 'header', got {verify_on_open!r}")
+        if verify_on_open == "journal" and not journal:
+            raise ConfigError("verify_on_open", "'journal' needs journal=True (use 'full' or 'header')")
+        journal_compact_entries = _as_int("journal_compact_entries", journal_compact_entries, 0)
         self._dirs = dir_list
         self._s = _native_call(
             _store.SsdStore,
@@ -245,9 +315,12 @@ class SsdStore:
             durable=bool(durable),
             preallocate=bool(preallocate),
             direct=bool(direct),
-            full_scan=verify_on_open == "full",
+            full_scan=verify_on_open != "header",
             allow_degraded=bool(allow_degraded),
             read_only=bool(read_only),
+            journal=bool(journal),
+            open_from_journal=verify_on_open == "journal",
+            journal_compact_entries=journal_compact_entries,
         )
         self.block_bytes: int = block_bytes
         self.slot_bytes: int = int(self._s.slot_bytes)
@@ -415,8 +488,9 @@ class SsdStore:
 
     # -- health ------------------------------------------------------------------
     def inject_failure(self, drive: int, op: str, errno: int | str, count: int = 1, skip: int = 0) -> None:
-        """Make the next ``count`` (after ``skip``) ``op`` ("write"/"read") I/O calls on
-        ``drive`` fail with ``errno`` (an int or a name such as "ENOSPC"). Test hook."""
+        """Make the next ``count`` (after ``skip``) ``op`` I/O calls on ``drive`` fail with
+        ``errno`` (an int or a name such as "ENOSPC"). ``op``: "write" / "read" (the data
+        file), "journal" (journal appends and checkpoint writes). Test hook."""
         self._check()
         if isinstance(errno, str):
             code = getattr(_errno, errno, None)
@@ -426,8 +500,8 @@ class SsdStore:
         drive = _as_int("drive", drive, 0)
         if drive >= self.n_drives:
             raise ConfigError("drive", f"no drive {drive} (the store has {self.n_drives})")
-        if op not in ("write", "read"):
-            raise ConfigError("op", f"must be 'write' or 'read', got {op!r}")
+        if op not in ("write", "read", "journal"):
+            raise ConfigError("op", f"must be 'write', 'read' or 'journal', got {op!r}")
         _native_call(self._s.inject_failure, drive, op, _as_int("errno", errno, 1), _as_int("count", count, 0),
                      _as_int("skip", skip, 0))
 
@@ -439,6 +513,18 @@ class SsdStore:
         if drive >= self.n_drives:
             raise ConfigError("drive", f"no drive {drive} (the store has {self.n_drives})")
         _native_call(self._s.revive, drive)
+
+    def scrub(self, max_slots: int) -> ScrubReport:
+        """Reads and verifies up to ``max_slots`` slots that hold a block, going
+        on from where the last call stopped (round robin over the drives'
+        slots; a call stops at the end of the store, ``wrapped``). Returns the slots whose record no longer verifies (payload or
+        header crc, key, sequence number): the caller drops them from its
+        index, which frees them. The store frees nothing itself. Rate limiting
+        is the caller's (``saria.runtime``'s scrub thread)."""
+        self._check()
+        self._check_owner()
+        h, k, checked, nbytes, wrapped = _native_call(self._s.scrub, _as_int("max_slots", max_slots, 0))
+        return ScrubReport(h, k, int(checked), int(nbytes), bool(wrapped))
 
     def check_drives(self) -> None:
         """Mark failed every drive whose data file is no longer at its path."""
@@ -452,8 +538,19 @@ class SsdStore:
         handle_base, bytes_written, bytes_read, payload_bytes_written,
         payload_bytes_read, blocks_written, blocks_read, write_errors,
         read_errors, checksum_failures, key_mismatches, injected_failures,
-        recovered_blocks, recovery_invalid_slots, failed, last_errno,
-        last_error); totals of the counters; no_space, bad_handles, bad_frees.
+        recovered_blocks, recovery_invalid_slots, recovery_bytes_read,
+        recovery_seconds, recovery_source ("created", "journal", "full scan",
+        "header scan", or a scan with the reason the journal was not used),
+        journal_bytes_written, journal_entries, journal_generation,
+        checkpoints, journal_dropped_tail, scrub_bytes_read,
+        scrub_slots_checked, scrub_bad_slots, failed, last_errno, last_error);
+        totals of the counters (recovery_seconds: the slowest drive's);
+        no_space, bad_handles, bad_frees.
+
+        ``bytes_read`` / ``bytes_written`` are the data path's (block reads and
+        writes, the superblock at creation); what the open read
+        (``recovery_bytes_read``), the scrub read (``scrub_bytes_read``) and the
+        journal wrote (``journal_bytes_written``) are counted apart.
         """
         if not self._s.closed:
             self._s.check_drives()
@@ -464,10 +561,12 @@ class SsdStore:
             "capacity_slots", "free_slots", "bytes_written", "bytes_read", "payload_bytes_written",
             "payload_bytes_read", "blocks_written", "blocks_read", "write_errors", "read_errors",
             "checksum_failures", "key_mismatches", "injected_failures", "recovered_blocks",
-            "recovery_invalid_slots",
+            "recovery_invalid_slots", "recovery_bytes_read", "journal_bytes_written", "checkpoints",
+            "journal_dropped_tail", "scrub_bytes_read", "scrub_slots_checked", "scrub_bad_slots",
         ):
             total[key] = sum(int(d[key]) for d in drives)
         total["failed_drives"] = sum(1 for d in drives if d["failed"])
+        total["recovery_seconds"] = max((float(d["recovery_seconds"]) for d in drives), default=0.0)
         total["free_slots"] = sum(int(d["free_slots"]) for d in drives if not d["failed"])
         return {
             "drives": drives,

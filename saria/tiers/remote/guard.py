@@ -156,6 +156,8 @@ class Guard:
         if self._state == BreakerState.OPEN:
             if self._clock() - self._opened_at < self.breaker_cooldown_s:
                 return "down", False
+            if self._in_flight >= self.lane:  # late calls hold the lane: no room for a probe
+                return "down", False
             self._set(BreakerState.HALF_OPEN)
         if self._state == BreakerState.HALF_OPEN:
             if self._probe_out:

@@ -1,0 +1,183 @@
+"""A replay of a fleet: N nodes, a router, and optionally a shared cluster tier.
+
+Each node is one ``Replay`` (a GPU slice with its HBM prefix cache, DRAM and
+SSD under its own cache core and admission policy, its own prefill queue and
+ingress link). A router sends each arriving request to a node:
+
+* ``round-robin``: the next node that is up;
+* ``session``: a session stays on its node (the first: least loaded) and
+  moves, to the least-loaded node, when its node is down or its queue is
+  over ``overload_s``;
+* ``prefix``: static tier weights over the prefix each node holds (Dynamo's
+  device 1.0 / host 0.75 / disk 0.25, the cluster tier 0.25), plus the queue
+  in blocks of prefill (``saria.routing.StaticWeights``);
+* ``tier-aware``: the TTFT the coordinator's model predicts on each node at
+  its current backlog (``saria.routing.TierAware``).
+
+The prefix routers read each node's residency from the node's own index
+(what a ``FleetIndex`` fed by that node's events holds: tests prove the two
+equal on a live server), through the same scorer objects a live router uses.
+With ``cluster`` set, a ``ClusterTier`` shared by every node extends a node's
+local prefix and receives what each node computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from saria.errors import ConfigError
+from saria.routing import BIT, DYNAMO_WEIGHTS, NodeCosts, NodeLoad, StaticWeights, TierAware
+from saria.routing import wire
+from saria.sim.cluster import ClusterSpec, ClusterTier
+from saria.sim.engine import Arrival, Replay, ReplaySetup
+from saria.sim.report import policy_report
+from saria.transfer import LinkModel
+
+ROUTINGS = ("round-robin", "session", "prefix", "tier-aware")
+CLUSTER_BIT = BIT[wire.MEDIUM_CLUSTER]
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSpec:
+    nodes: int = 2
+    routing: str = "tier-aware"
+    cluster: ClusterSpec | None = None      # None: islands
+    overload_s: float = 30.0                # session routing moves past this queue
+    down: tuple[tuple[int, float, float], ...] = ()  # (node, from, until): node failures
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ConfigError("nodes", f"must be at least 1, got {self.nodes}")
+        if self.routing not in ROUTINGS:
+            raise ConfigError("routing", f"unknown routing {self.routing!r}; valid: "
+                              f"{', '.join(ROUTINGS)}")
+
+
+class Fleet:
+    def __init__(self, setup: ReplaySetup, spec: FleetSpec) -> None:
+        self.spec = spec
+        self.setup = setup
+        self.cluster = ClusterTier(spec.cluster, setup.block_bytes) if spec.cluster else None
+        self.nodes = [Replay(setup, remote=self.cluster, node_id=i) for i in range(spec.nodes)]
+        self.names = [f"node{i}" for i in range(spec.nodes)]
+        self.routed = np.zeros(spec.nodes, np.int64)
+        self.moves = 0
+        self._rr = 0
+        self._home: dict[int, int] = {}
+        preset = setup.preset
+        hw, model = preset.hardware, preset.model
+        link = self.nodes[0].link
+        self.block_s = model.prefill_flops(preset.block_size, preset.block_size) / \
+            hw.prefill_flops_per_s
+        if spec.routing == "prefix":
+            self.scorer = StaticWeights(DYNAMO_WEIGHTS, block_s=self.block_s)
+        elif spec.routing == "tier-aware":
+            net = spec.cluster.net_Bps if spec.cluster else 1.0
+            lat = spec.cluster.latency_s if spec.cluster else 0.0
+            self.scorer = TierAware(NodeCosts(
+                LinkModel(link.ingress_Bps, link.dram_Bps, link.ssd_Bps, link.pacing_efficiency,
+                          link.contention_ssd_share),
+                setup.block_bytes, preset.block_size,
+                lambda new, cached: model.prefill_flops(new, new + cached) / hw.prefill_flops_per_s,
+                cluster_Bps=net, cluster_latency_s=lat, mode=setup.coordinator))
+
+    # ------------------------------------------------------------ driving
+
+    def run(self, arrivals: Sequence[Arrival],
+            progress: Callable[[int], None] | None = None) -> dict:
+        tick = max(1, len(arrivals) // 200)
+        for i, a in enumerate(arrivals):
+            self.serve(a)
+            if progress is not None and (i % tick == 0 or i == len(arrivals) - 1):
+                progress(i + 1)
+        return self.report()
+
+    def serve(self, a: Arrival) -> float:
+        keys = self.nodes[0].keys_of(a)
+        k = self.route(a, keys)
+        self.routed[k] += 1
+        return self.nodes[k].serve(a, keys)
+
+    def up(self, k: int, t: float) -> bool:
+        return not any(n == k and lo <= t < hi for n, lo, hi in self.spec.down)
+
+    def load(self, k: int, t: float) -> NodeLoad:
+        node = self.nodes[k]
+        return NodeLoad(queue_s=max(node.gpu_free_at - t, 0.0),
+                        link_backlog_s=max(node.reloads.dram_free - t, 0.0),
+                        ssd_backlog_s=max(node.reloads.ssd_free - t, 0.0),
+                        cluster_backlog_s=self.cluster.backlog(k, t) if self.cluster else 0.0,
+                        up=self.up(k, t))
+
+    def route(self, a: Arrival, keys: np.ndarray) -> int:
+        n, t = self.spec.nodes, a.time
+        alive = [k for k in range(n) if self.up(k, t)]
+        if not alive:
+            raise ConfigError("down", f"every node is down at t={t:.0f} s")
+        r = self.spec.routing
+        if r == "round-robin":
+            while True:
+                k = self._rr % n
+                self._rr += 1
+                if k in alive:
+                    return k
+        if r == "session":
+            k = self._home.get(a.session)
+            if k is None or k not in alive or self.nodes[k].gpu_free_at - t > self.spec.overload_s:
+                if k is not None:
+                    self.moves += 1
+                k = min(alive, key=lambda j: (self.nodes[j].gpu_free_at, j))
+                self._home[a.session] = k
+            return k
+        loads = {self.names[k]: self.load(k, t) for k in range(n)}
+        media = {self.names[k]: self._media(k, keys) for k in range(n)}
+        choice = self.scorer.choose_media(media, keys.shape[0], loads)
+        return self.names.index(choice.node)
+
+    def _media(self, k: int, keys: np.ndarray) -> np.ndarray:
+        """The node's reloadable prefix as routing bits: its own tiers (a
+        tier's bit is its ``BIT``: GPU 1, DRAM 2, SSD 4) and the cluster's."""
+        plan = self.nodes[k].cache.index.match(keys)
+        m = plan.num_available
+        bits = np.asarray(plan.masks[:m], dtype=np.uint8).copy()
+        if self.cluster is None:
+            return bits
+        if m < keys.shape[0]:  # the cluster may continue it
+            more = self.cluster.run(keys, m, keys.shape[0])
+            bits = np.concatenate([bits, np.full(more, CLUSTER_BIT, np.uint8)])
+        return bits
+
+    # ------------------------------------------------------------ reporting
+
+    def report(self) -> dict:
+        per = [policy_report(node) for node in self.nodes]
+        ttft = np.concatenate([np.asarray(node.stats.ttft, float) for node in self.nodes])
+        tokens = max(sum(node.stats.input_tokens for node in self.nodes), 1)
+        hits = {m: sum(node.stats.hit_tokens.get(m, 0) for node in self.nodes)
+                for m in ("GPU", "DRAM", "SSD", "CLUSTER")}
+        routed = self.routed.astype(float)
+        c = self.cluster
+        return {
+            "nodes": self.spec.nodes, "routing": self.spec.routing,
+            "cluster": self.cluster is not None,
+            "requests": int(routed.sum()),
+            "ttft_mean_s": float(ttft.mean()) if ttft.size else 0.0,
+            "ttft_p90_s": float(np.percentile(ttft, 90)) if ttft.size else 0.0,
+            "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft.size else 0.0,
+            "ssd_bytes_written": sum(p["ssd_bytes_written"] for p in per),
+            "ssd_lifetime_days_min": min((p["ssd_lifetime_days"] for p in per
+                                          if p["ssd_lifetime_days"] is not None), default=None),
+            "network_bytes": (sum(c.bytes_put.values()) + sum(c.bytes_got.values())) if c else 0,
+            "cluster_bytes_read": sum(c.bytes_got.values()) if c else 0,
+            "hit_ratio_tokens": sum(hits.values()) / tokens,
+            **{f"{m.lower()}_hit_ratio_tokens": v / tokens for m, v in hits.items()},
+            "load_imbalance": float(routed.max() / routed.mean()) if routed.sum() else 0.0,
+            "session_moves": self.moves,
+            "per_node": [{"node": self.names[i], "requests": int(self.routed[i]),
+                          **{k: p[k] for k in ("ssd_bytes_written", "ssd_lifetime_days",
+                                               "ttft_mean_s", "ttft_p90_s", "hit_ratio_tokens")}}
+                         for i, p in enumerate(per)],
+        }
