@@ -209,3 +209,20 @@ def test_a_bug_in_a_call_is_an_error_not_an_outage():
     assert t.outcome.reason == "error" and isinstance(t.outcome.value, ZeroDivisionError)
     assert g.state == BreakerState.CLOSED
     g.close()
+
+
+def test_no_probe_while_late_calls_hold_the_lane():
+    clock = Clock()
+    g = _guard(clock, deadline_s=0.02, lane=1, breaker_failures=1)
+    release = threading.Event()
+    assert g.submit("op", lambda: release.wait(5)).outcome.reason == "timeout"
+    assert g.state == BreakerState.OPEN
+    clock.t = 10.0  # cooldown over, but the late call still holds the only thread
+    assert g.submit("op", lambda: 1).outcome.reason == "down"
+    assert g.state == BreakerState.OPEN
+    release.set()
+    deadline = time.monotonic() + 5
+    while g.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert g.submit("op", lambda: 1).outcome.ok and g.state == BreakerState.CLOSED
+    g.close()
