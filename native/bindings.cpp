@@ -280,7 +280,7 @@ NB_MODULE(_native, m) {
         std::vector<uint32_t> live = c.live_nodes();
         size_t n = live.size();
         std::vector<uint8_t> keys(n * kKeyBytes), tiers(n), ckpt(n), filling(n), ckpt_filling(n);
-        std::vector<uint32_t> index(n), parent(n), slots(n * 3), ckpt_slots(n * 3), reuse(n),
+        std::vector<uint32_t> index(n), parent(n), slots(n * saria::kNumTiers), ckpt_slots(n * saria::kNumTiers), reuse(n),
             hits(n), dram_ev(n), session(n), depth(n), lock(n);
         std::vector<double> last(n);
         for (size_t i = 0; i < n; ++i) {
@@ -293,9 +293,9 @@ NB_MODULE(_native, m) {
           filling[i] = nd.filling;
           ckpt_filling[i] = nd.ckpt_filling;
           const saria::Checkpoint* cp = c.checkpoint(live[i]);
-          for (int t = 0; t < 3; ++t) {
-            slots[i * 3 + t] = nd.slot[t];
-            ckpt_slots[i * 3 + t] = (cp && (nd.ckpt & (1u << t))) ? cp->slot[t] : saria::kNil;
+          for (int t = 0; t < saria::kNumTiers; ++t) {
+            slots[i * saria::kNumTiers + t] = nd.slot[t];
+            ckpt_slots[i * saria::kNumTiers + t] = (cp && (nd.ckpt & (1u << t))) ? cp->slot[t] : saria::kNil;
           }
           reuse[i] = nd.reuse;
           hits[i] = nd.hits;
@@ -313,8 +313,8 @@ NB_MODULE(_native, m) {
         d["ckpt"] = to_numpy(std::move(ckpt), {n});
         d["filling"] = to_numpy(std::move(filling), {n});
         d["ckpt_filling"] = to_numpy(std::move(ckpt_filling), {n});
-        d["slots"] = to_numpy(std::move(slots), {n, 3});
-        d["ckpt_slots"] = to_numpy(std::move(ckpt_slots), {n, 3});
+        d["slots"] = to_numpy(std::move(slots), {n, size_t{saria::kNumTiers}});
+        d["ckpt_slots"] = to_numpy(std::move(ckpt_slots), {n, size_t{saria::kNumTiers}});
         d["reuse"] = to_numpy(std::move(reuse), {n});
         d["hits"] = to_numpy(std::move(hits), {n});
         d["dram_evictions"] = to_numpy(std::move(dram_ev), {n});

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 TIERS = (0, 1, 2)
 DRAM = 1
-GHOST = 3
+GHOST = "ghost"  # the metadata-only list (not a tier number)
 
 
 @dataclass

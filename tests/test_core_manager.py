@@ -293,7 +293,7 @@ def test_a_block_removed_while_in_flight_leaves_when_its_write_completes():
     assert c.remove(a) == 2                         # both deferred: being written
     backend.finish()
     assert c.lookup(a).num_blocks == 0
-    assert backend.used == {Tier.GPU: 0, DRAM: 2, SSD: 0}
+    assert backend.used == {Tier.GPU: 0, DRAM: 2, SSD: 0, Tier.REMOTE: 0}
 
 
 def test_a_write_in_flight_is_not_issued_twice_and_an_evicted_one_stays_readable():

@@ -47,6 +47,29 @@ def test_fastest_tier_wins_and_gap_ends_the_plan():
     assert plan.num_blocks == 5 and plan.num_known == 10 and plan.num_available == 5
 
 
+def test_remote_residency_is_a_fourth_tier_in_the_plan():
+    """The cluster tier (REMOTE) is one more medium: the slowest, so a plan
+    takes a block from it only where no local tier holds a ready copy; a
+    filling REMOTE copy (a load whose bytes are still being verified) is in
+    no reader's plan; dropping it leaves the local copies."""
+    ix = RadixIndex(100)
+    k = prompt_keys(TOKENS)
+    ix.add(k, Tier.REMOTE, np.zeros(10, np.int64))
+    ix.add(k[:4], Tier.DRAM, [0, 1, 2, 3])
+    ix.add(k[:7], Tier.SSD, [50, 51], where=[5, 6])
+    plan = ix.match(k)
+    assert str(plan) == "DRAM[0:4] REMOTE[4:5] SSD[5:7] REMOTE[7:10]"
+    assert plan.blocks_from(Tier.REMOTE) == 4 and plan.tier_by_tier_blocks == 4
+    ix.remove(k[7:], Tier.REMOTE)                      # the cluster lost them
+    ix.add(k[:8], Tier.REMOTE, [0], where=[7], filling=True)
+    assert str(ix.match(k)) == "DRAM[0:4] REMOTE[4:5] SSD[5:7]"
+    ix.set_ready(k[7:8], Tier.REMOTE)
+    assert ix.match(k).num_blocks == 8
+    ix.remove(k[:5], Tier.REMOTE)
+    assert str(ix.match(k)) == "DRAM[0:4]"
+    assert ix.stats().resident["REMOTE"] == 3  # blocks 5, 6, 7
+
+
 def test_eviction_is_lru_and_leaf_first():
     clock = VirtualClock()
     ix = RadixIndex(100, clock=clock)

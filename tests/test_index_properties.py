@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from reference_index import RefIndex
 from saria.index import RadixIndex, Tier
 
-TIERS = [Tier.GPU, Tier.DRAM, Tier.SSD]
+TIERS = list(Tier)
 
 
 def chain_keys(salt: str | None, tokens: tuple[int, ...]) -> list[bytes]:
@@ -40,8 +40,8 @@ def native_snapshot(ix: RadixIndex) -> dict[bytes, tuple]:
     out = {}
     for j, idx in enumerate(d["index"]):
         parent = int(d["parent"][j])
-        tiers = tuple((t, int(d["slots"][j][t])) for t in range(3) if d["tiers"][j] >> t & 1)
-        ckpt = tuple((t, int(d["ckpt_slots"][j][t])) for t in range(3) if d["ckpt"][j] >> t & 1)
+        tiers = tuple((t, int(d["slots"][j][t])) for t in range(len(Tier)) if d["tiers"][j] >> t & 1)
+        ckpt = tuple((t, int(d["ckpt_slots"][j][t])) for t in range(len(Tier)) if d["ckpt"][j] >> t & 1)
         out[key_of[int(idx)]] = (
             key_of[parent] if parent else None, int(d["depth"][j]), tiers, ckpt,
             int(d["reuse"][j]), int(d["hits"][j]), int(d["dram_evictions"][j]),

@@ -530,7 +530,7 @@ void RadixCore::check_invariants() const {
   auto fail = [](const std::string& m) { throw std::logic_error("index invariant broken: " + m); };
   std::vector<uint32_t> kids(nodes_.size(), 0);
   std::vector<uint32_t> tkids(nodes_.size() * kNumTiers, 0);
-  size_t live = 0, res[kNumTiers] = {0, 0, 0}, ghosts = 0;
+  size_t live = 0, res[kNumTiers] = {}, ghosts = 0;
   for (uint32_t i = 1; i < nodes_.size(); ++i) {
     const Node& nd = nodes_[i];
     if (!nd.live) continue;

@@ -4,8 +4,9 @@
 // block), so the tree over block keys is a trie whose edges are blocks: a
 // node's parent is the node of the previous block of the same prefix. Nodes
 // are addressed by their 32-byte key through an open-addressing hash table and
-// hold, per block: residency in each tier (GPU, DRAM, SSD) with a slot handle
-// per tier, the block's history (reuse count, hit count, DRAM evictions, last
+// hold, per block: residency in each tier (GPU, DRAM, SSD, REMOTE: the
+// cluster's store, as far as this node knows) with a slot handle per tier
+// (REMOTE copies are addressed by key; their slot is the caller's), the block's history (reuse count, hit count, DRAM evictions, last
 // access time, creating session) and links into intrusive recency lists.
 //
 // Invariants (checked by tests against a brute-force Python model):
@@ -53,6 +54,7 @@
 // with another on one core (the Python facade holds a lock).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -63,7 +65,7 @@
 
 namespace saria {
 
-constexpr int kNumTiers = 3;          // 0 = GPU, 1 = DRAM, 2 = SSD
+constexpr int kNumTiers = 4;          // 0 = GPU, 1 = DRAM, 2 = SSD, 3 = REMOTE (the cluster)
 constexpr int kGhost = kNumTiers;     // list index of the metadata-only LRU
 constexpr int kNumLists = kNumTiers + 1;
 constexpr uint32_t kNil = 0xFFFFFFFFu;
@@ -84,9 +86,10 @@ inline Key load_key(const uint8_t* p) {
   return k;
 }
 
-// One node per block, 192 B in three cache lines. The first line holds what
-// a walk, a match and a lock read (key, parent, slots, lock, masks), so a
-// lookup touches one line per block; history and the recency links follow.
+// One node per block, 256 B in four cache lines (192 B before the fourth
+// tier, REMOTE). The first line holds what a walk, a match and a lock read
+// (key, parent, slots, lock, masks), so a lookup touches one line per block;
+// history and the recency links follow.
 struct alignas(64) Node {
   Key key;
   uint32_t parent;
@@ -100,7 +103,7 @@ struct alignas(64) Node {
   uint8_t parked;    // bit l: parked out of list l
   uint8_t live;      // slot in use
   uint32_t n_children;
-  // --- second line
+  // --- second line (from n_children)
   uint32_t tier_children[kNumTiers];
   uint32_t prev[kNumLists];
   uint32_t next[kNumLists];
@@ -109,12 +112,13 @@ struct alignas(64) Node {
   uint32_t dram_evictions;  // times evicted from DRAM
   uint32_t session;         // creating session
   uint32_t depth;           // block index in its prefix (0 = first block)
-  // --- third line
+  // --- third and fourth lines
   double last_access;       // last real access (history)
   double tier_time[kNumTiers];  // last touch or entry per tier (recency)
   uint64_t seq[kNumLists];
 };
-static_assert(sizeof(Node) == 192, "Node is three cache lines");
+static_assert(sizeof(Node) == 256, "Node is four cache lines");
+static_assert(offsetof(Node, n_children) == 64, "what a walk reads fits the first line");
 
 // Memory for the node array and the key table: 2 MiB-aligned and advised as
 // transparent huge pages when large, so the random accesses of a walk cost a
@@ -325,7 +329,7 @@ class RadixCore {
   mutable uint64_t path_epoch_ = 0;
   uint64_t mask_ = 0;
   size_t num_nodes_ = 0;  // live nodes, excluding the root
-  size_t resident_[kNumTiers] = {0, 0, 0};
+  size_t resident_[kNumTiers] = {};
   size_t ghosts_ = 0;
   uint32_t head_[kNumLists];
   uint32_t tail_[kNumLists];

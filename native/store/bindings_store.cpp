@@ -74,6 +74,23 @@ NB_MODULE(_store, m) {
         [](nb::bytes b, uint32_t crc) { return saria_store::crc32c_portable(crc, b.c_str(), b.size()); },
         "data"_a, "crc"_a = 0, "Table-driven crc32c (the fallback), for tests.");
   m.def("crc32c_hw", &saria_store::crc32c_hw, "Whether crc32c uses the SSE4.2 instruction.");
+  m.def(
+      "crc32c_rows",
+      [](uintptr_t addr, size_t stride, I64Array rows, size_t offset, size_t length) {
+        size_t n = rows.shape(0);
+        std::vector<uint32_t> out(n);
+        const int64_t* idx = rows.data();
+        {
+          nb::gil_scoped_release rel;
+          const auto* base = reinterpret_cast<const uint8_t*>(addr);
+          for (size_t i = 0; i < n; ++i)
+            out[i] = saria_store::crc32c(0, base + static_cast<size_t>(idx[i]) * stride + offset, length);
+        }
+        return to_numpy(std::move(out), {n});
+      },
+      "addr"_a, "stride"_a, "rows"_a, "offset"_a, "length"_a,
+      "crc32c of bytes [offset, offset + length) of each row `rows[i]` of a strided buffer, "
+      "the GIL released (saria.tiers.remote.rows checks the arguments).");
 
   m.def(
       "check_drive",

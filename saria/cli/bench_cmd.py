@@ -5,6 +5,7 @@
     saria bench io --dir DIR ...       (bench_io_cmd.py)
     saria bench reload --dir DIR ...   (bench_reload_cmd.py)
     saria bench restart --dir DIR ...  (bench_restart_cmd.py)
+    saria bench remote ...             (bench_remote_cmd.py)
 
 ``index`` streams a trace (default: the bundled WEKA bundle, 94 M block
 visits) through match/touch/evict/add on the real radix index and reports
@@ -50,11 +51,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ix.set_defaults(func=run_index)
     from saria.cli.bench_io_cmd import add_io_parser
     from saria.cli.bench_reload_cmd import add_reload_parser
+    from saria.cli.bench_remote_cmd import add_remote_parser
     from saria.cli.bench_restart_cmd import add_restart_parser
 
     add_io_parser(sub)
     add_reload_parser(sub)
     add_restart_parser(sub)
+    add_remote_parser(sub)
     sv = sub.add_parser("serve", help="saria serve: lookup round trip and a load test",
                         description="Lookup round trip (8/128/1024 keys) to a saria serve "
                         "process against the in-process call, then a load test of N client "

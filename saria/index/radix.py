@@ -1,8 +1,9 @@
 """The unified radix-tree index: where every prefix block lives, and its history.
 
 One tree over block keys (32-byte chained hashes; see ``saria.keys``) records for
-every block which tiers hold it (GPU, DRAM, SSD, possibly several) with a slot
-handle in each, and its history: reuse count, hit count, DRAM evictions, last
+every block which tiers hold it (GPU, DRAM, SSD and REMOTE -- the cluster's
+store, as far as this node knows -- possibly several) with a slot handle in each
+(a REMOTE copy is addressed by its key; its slot is whatever the caller keeps), and its history: reuse count, hit count, DRAM evictions, last
 access time, creating session. History outlives residency: a block evicted from
 every tier stays as a metadata-only node until the metadata budget
 (``max_blocks``) needs the room; those nodes leave in their own LRU order,
@@ -25,9 +26,10 @@ path it walked (a path handle, see ``native/index/radix_core.h``): the verbs
 of one request, which all name prefixes of its keys, cost one walk between
 them, with the answers of fresh walks.
 
-Memory: each tracked block costs ``node_bytes`` (192 B) in the node array plus
-16-32 B in the key table (8 B entries at load factor 0.25-0.5): about 210-230 B
-per block, measured by ``saria bench index``. A budget of 4 M blocks is ~0.9 GB.
+Memory: each tracked block costs ``node_bytes`` (224 B: four tiers) in the node
+array plus 16-32 B in the key table (8 B entries at load factor 0.25-0.5) and
+the vector's slack: about 290 B per block on the WEKA trace, measured by
+``saria bench index``. A budget of 4 M blocks is ~1.2 GB.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ class Tier(enum.IntEnum):
     GPU = 0
     DRAM = 1
     SSD = 2
+    REMOTE = 3  # the cluster's store (saria.tiers.remote): addressed by key, not slot
 
     @property
     def bit(self) -> int:

@@ -17,6 +17,12 @@ Sources:
 [dgx]   NVIDIA DGX H100 user guide: 8x 3.84 TB U.2 NVMe data drives for 8
         GPUs (one per GPU); datacenter read-intensive drives are rated 1 DWPD.
 [saria] SARIA paper (arXiv 2610.31169) §2.2: C_min = 86.4 B TB per GPU at 1 DWPD.
+[nic]   NVIDIA DGX H100 user guide: one ConnectX-7 400 Gb/s (50 GB/s line rate)
+        per GPU for the cluster fabric; the cluster tier is assumed to get 80% of
+        it (40 GB/s) over RDMA.
+[mc]    Mooncake Store here: batch_is_exist of 64 keys p50 60-107 us over
+        loopback TCP (issue 22); an RDMA round trip to the master and the first
+        byte of a transfer is taken as 50 us.
 """
 
 from __future__ import annotations
@@ -97,6 +103,9 @@ class HardwareSpec:
     gds: bool = True                     # SSD -> GPU direct (else bounced via DRAM)
     pacing_efficiency: float = 0.9       # assumption: throttled chunked copies lose ~10%
     contention_ssd_share: float = 0.5    # assumption: GDS rate kept under unpaced DRAM copies
+    remote_bytes: float = 0.0            # cluster memory saria's namespace may use (0: no cluster tier)
+    remote_link_Bps: float = 40 * GB     # [nic] this GPU's share of the cluster fabric
+    remote_latency_s: float = 50e-6      # [mc] one round trip (lookup, transfer start)
 
     @property
     def ssd_total_read_Bps(self) -> float:
@@ -125,6 +134,9 @@ HARDWARE = {
     "h100-gen5-nogds": HardwareSpec("h100-gen5-nogds", gds=False),
     # Pageable host memory (no pinned pool): 0.4x the pinned copy rate [pcie].
     "h100-gen5-pageable": HardwareSpec("h100-gen5-pageable", dram_copy_Bps=0.4 * 50 * GB),
+    # A cluster tier (Mooncake Store over RDMA): assumption, 8 nodes lending
+    # 512 GB of DRAM each, 4 TB for saria's namespace [nic] [mc].
+    "h100-gen5-1ssd-cluster": HardwareSpec("h100-gen5-1ssd-cluster", remote_bytes=4 * TB),
 }
 
 

@@ -1,0 +1,160 @@
+"""``saria bench remote``: the cluster tier beside Mooncake's own client calls.
+
+One run, one client, the same objects: a batch of ``batch`` objects of each
+size is put and got back by
+
+* **raw**: Mooncake's zero-copy calls on registered memory
+  (``batch_put_from`` / ``batch_get_into``), the bytes as they are;
+* **saria**: ``RemoteTier.put`` / ``get`` from and into the same registered
+  rows -- a 64-byte header per object, crc32c on both sides, the
+  ``batch_is_exist`` a put asks first, the verification of every row.
+
+The two alternate within each repetition (ABBA) after one uncounted warm-up
+repetition, objects are removed after each, and the figure is payload bytes
+per second (saria's headers not counted): the medians of each path, their
+ratio, and the median of each repetition's own ratio (``*_paired_ratio``:
+the two runs of a repetition are seconds apart, so they share the machine's
+noise). A holder process (``saria.tiers.remote.holder``) contributes the
+cluster's memory and the bench's client contributes none, so every byte
+crosses the transport (loopback TCP here), as between two nodes. Lookup:
+``batch_is_exist`` of ``lookup_keys`` keys, raw against ``RemoteTier.exists``
+with its answer cache off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from saria.tiers.remote import MooncakeMaster, RemoteTier, client_env
+from saria.tiers.remote.holder import start_holder
+
+__all__ = ["run_remote_bench"]
+
+
+def _median(xs: Sequence[float]) -> float:
+    return float(np.median(np.asarray(xs, np.float64)))
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def _size_case(master: MooncakeMaster, object_bytes: int, batch: int, reps: int,
+               seed: int) -> dict:
+    settings = master.settings(segment_bytes=0, staging_rows=batch, deadline_s=120.0, lane=1,
+                               exist_cache_s=0.0, local_buffer_bytes=16 << 20)
+    tier = RemoteTier(settings, "bench", object_bytes)
+    store = tier._store  # the same client, for Mooncake's own calls
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, 256, (batch, object_bytes), dtype=np.uint8)
+    dst = np.zeros_like(src)
+    tier.register(src)
+    tier.register(dst)
+    ptr_src = [src.ctypes.data + i * object_bytes for i in range(batch)]
+    ptr_dst = [dst.ctypes.data + i * object_bytes for i in range(batch)]
+    sizes = [object_bytes] * batch
+    rates: dict[str, list[float]] = {f"{m}_{op}": [] for m in ("raw", "saria") for op in ("put", "get")}
+    payload = batch * object_bytes
+    try:
+        for rep in range(-1, reps):  # rep -1 warms both paths (the holder's pages) uncounted
+            order = ("raw", "saria") if rep % 2 == 0 else ("saria", "raw")
+            for mode in order:
+                keys = rng.integers(0, 256, (batch, 32), dtype=np.uint8)
+                dst[:] = 0
+                if mode == "raw":
+                    names = [f"raw/{k.tobytes().hex()}" for k in keys]
+                    tp, rc = _timed(lambda: store.batch_put_from(names, ptr_src, sizes))
+                    if any(r != 0 for r in rc):
+                        raise RuntimeError(f"raw put failed: {rc}")
+                    tg, rc = _timed(lambda: store.batch_get_into(names, ptr_dst, sizes))
+                    if any(r != object_bytes for r in rc):
+                        raise RuntimeError(f"raw get failed: {rc}")
+                    store.batch_remove(names, True)
+                else:
+                    tp, put = _timed(lambda: tier.put(keys, src))
+                    if not put.stored.all():
+                        raise RuntimeError(f"saria put failed: {tier.snapshot()['counters']}")
+                    tg, got = _timed(lambda: tier.get(keys, dst))
+                    if not got.ok.all():
+                        raise RuntimeError(f"saria get failed: {tier.snapshot()['counters']}")
+                    tier.remove(keys, force=True)
+                if not np.array_equal(dst, src):
+                    raise RuntimeError(f"{mode} get returned other bytes")
+                if rep >= 0:
+                    rates[f"{mode}_put"].append(payload / tp)
+                    rates[f"{mode}_get"].append(payload / tg)
+    finally:
+        tier.close()
+    out = {"object_bytes": object_bytes, "batch": batch, "reps": reps}
+    for k, v in rates.items():
+        out[f"{k}_GBps"] = _median(v) / 1e9
+        out[f"{k}_runs_GBps"] = [x / 1e9 for x in v]
+    for op in ("put", "get"):
+        out[f"{op}_ratio"] = out[f"saria_{op}_GBps"] / out[f"raw_{op}_GBps"]
+        paired = [a / b for a, b in zip(rates[f"saria_{op}"], rates[f"raw_{op}"])]
+        out[f"{op}_paired_ratio"] = _median(paired)  # each repetition's two runs side by side
+    return out
+
+
+def _lookup_case(master: MooncakeMaster, n_keys: int, calls: int, seed: int) -> dict:
+    settings = master.settings(segment_bytes=0, deadline_s=10.0, exist_cache_s=0.0,
+                               max_lookup_keys=max(64, n_keys))
+    tier = RemoteTier(settings, "bench", 4096)
+    store = tier._store
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 256, (n_keys, 32), dtype=np.uint8)
+    half = np.zeros((n_keys // 2, 4096), np.uint8)
+    tier.put(keys[: n_keys // 2], half)  # half of them present
+    names = [tier.codec.key(k.tobytes()) for k in keys]
+    lat: dict[str, list[float]] = {"raw": [], "saria": []}
+    try:
+        for i in range(calls):
+            for mode in (("raw", "saria") if i % 2 == 0 else ("saria", "raw")):
+                if mode == "raw":
+                    t, _ = _timed(lambda: store.batch_is_exist(names))
+                else:
+                    t, _ = _timed(lambda: tier.exists(keys))
+                lat[mode].append(t)
+        tier.remove(keys, force=True)
+    finally:
+        tier.close()
+    out: dict = {"keys": n_keys, "calls": calls}
+    for mode, v in lat.items():
+        p50, p99 = np.percentile(np.asarray(v) * 1e6, [50, 99])
+        out[f"{mode}_p50_us"], out[f"{mode}_p99_us"] = float(p50), float(p99)
+    return out
+
+
+def run_remote_bench(object_sizes: Sequence[int], *, batch: int = 8, reps: int = 5,
+                     lookup_keys: int = 64, lookup_calls: int = 500,
+                     holder_bytes: int | None = None, seed: int = 0,
+                     progress: Callable[[str], None] | None = None) -> dict:
+    """Starts a master and a holder on loopback, runs every case, stops them."""
+    client_env()
+    need = 2 * batch * (max(object_sizes) + 64) + (64 << 20)
+    holder_bytes = holder_bytes or max(256 << 20, need * 2)
+    with MooncakeMaster() as master:
+        holder = start_holder(master.settings(), holder_bytes)
+        try:
+            sizes = []
+            for i, size in enumerate(object_sizes):
+                if progress:
+                    progress(f"objects of {size / 2**20:g} MiB")
+                sizes.append(_size_case(master, int(size), batch, reps, seed + i))
+            if progress:
+                progress(f"lookups of {lookup_keys} keys")
+            lookup = _lookup_case(master, lookup_keys, lookup_calls, seed)
+        finally:
+            holder.stdin.close()
+            try:
+                holder.wait(timeout=10)
+            except Exception:  # noqa: BLE001
+                holder.kill()
+                holder.wait()
+    return {"transport": "tcp (loopback)", "holder_bytes": holder_bytes, "sizes": sizes,
+            "lookup": lookup}

@@ -1,0 +1,228 @@
+"""The cluster tier's parts that need no Mooncake: settings, rows, guard."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+
+from saria import _store
+from saria.errors import ConfigError
+from saria.tiers.remote import (HEADER_BYTES, BreakerState, Guard, RemoteSettings, RemoteUnavailable,
+                                RowCodec, crc32c_rows, object_key, parse_master_url)
+
+BASE = dict(master="mooncake://127.0.0.1:50051", metadata_server="http://127.0.0.1:8080/metadata")
+
+
+# ---------------------------------------------------------------- settings
+
+def test_settings_from_mapping_parses_sizes_and_durations():
+    s = RemoteSettings.from_mapping({"master": "mooncake://10.0.0.5:50051", "segment_bytes": "4GiB",
+                                     "deadline": "20ms", "metadata_port": 8081, "lane": "3"})
+    assert s.segment_bytes == 4 << 30 and s.deadline_s == pytest.approx(0.02) and s.lane == 3
+    assert s.metadata_server == "http://10.0.0.5:8081/metadata"
+    assert s.master_address == "10.0.0.5:50051"
+
+
+@pytest.mark.parametrize("mapping, key", [
+    ({"master": "mooncake://h:1", "deadlin": "1s"}, "remote.deadlin"),
+    ({"segment_bytes": "1GB"}, "remote.master"),
+    ({"master": "http://h:1"}, "remote.master"),
+    ({"master": "mooncake://h:99999"}, "remote.master"),
+    ({"master": "mooncake://h:1", "protocol": "udp"}, "remote.protocol"),
+    ({"master": "mooncake://h:1", "protocol": "rdma"}, "remote.rdma_devices"),
+    ({"master": "mooncake://h:1", "deadline": 0}, "remote.deadline_s"),
+    ({"master": "mooncake://h:1", "lane": 0}, "remote.lane"),
+    ({"master": "mooncake://h:1", "segment_bytes": "4XB"}, "remote.segment_bytes"),
+    ({"master": "mooncake://h:1", "segment_bytes": "1MiB"}, "remote.segment_bytes"),
+    ({"master": "mooncake://h:1", "staging_rows": True}, "remote.staging_rows"),
+])
+def test_settings_errors_name_the_key(mapping, key):
+    with pytest.raises(ConfigError) as e:
+        RemoteSettings.from_mapping(mapping)
+    assert e.value.key == key, str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_settings_prefix_rekeys_errors():
+    with pytest.raises(ConfigError, match=r"^kv\.remote\.lane: "):
+        RemoteSettings.from_mapping({"master": "mooncake://h:1", "lane": -1}, prefix="kv.remote")
+
+
+def test_parse_master_url():
+    assert parse_master_url("mooncake://[::1]:7") == ("::1", 7)
+    assert parse_master_url("host:7") == ("host", 7)
+    with pytest.raises(ConfigError, match="port 'x'"):
+        parse_master_url("mooncake://host:x")
+
+
+# ---------------------------------------------------------------- rows
+
+def _rows(rng, n, block):
+    keys = rng.integers(0, 256, (n, 32), dtype=np.uint8)
+    payload = rng.integers(0, 256, (n, block), dtype=np.uint8)
+    return keys, payload
+
+
+def test_crc32c_rows_equals_the_scalar_crc():
+    rng = np.random.default_rng(1)
+    buf = rng.integers(0, 256, (7, 300), dtype=np.uint8)
+    view = buf[:, 10:250]  # strided rows
+    got = crc32c_rows(view, [6, 0, 3], 5, 200)
+    want = [_store.crc32c(view[i, 5:205].tobytes()) for i in (6, 0, 3)]
+    assert got.tolist() == want
+    with pytest.raises(ValueError):
+        crc32c_rows(view, [0], 100, 200)
+    with pytest.raises(IndexError):
+        crc32c_rows(view, [7], 0, 10)
+
+
+def test_object_keys_are_namespaced():
+    k = bytes(range(32))
+    assert object_key("a", k) != object_key("b", k)
+    assert object_key("a", k).endswith(k.hex())
+    keys = np.random.default_rng(0).integers(0, 256, (5, 32), dtype=np.uint8)
+    codec = RowCodec("a", 10)
+    assert codec.keys(keys) == [codec.key(x.tobytes()) for x in keys] == [object_key("a", x.tobytes()) for x in keys]
+
+
+@hsettings(max_examples=60, deadline=None)
+@given(st.data())
+def test_any_changed_byte_is_a_miss(data):
+    """A row verifies for its key, namespace and format only: a flip of any
+    header or payload byte, another key or another namespace fails it."""
+    block = data.draw(st.integers(1, 300))
+    n = data.draw(st.integers(1, 5))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    keys, payload = _rows(rng, n, block)
+    codec = RowCodec("layoutA", block)
+    heads = np.empty((n, HEADER_BYTES), np.uint8)
+    codec.encode(heads, payload, np.arange(n), keys)
+    assert codec.verify(heads, payload, np.arange(n), keys).all()
+    i = data.draw(st.integers(0, n - 1))
+    pos = data.draw(st.integers(0, HEADER_BYTES + block - 1))
+    bit = np.uint8(1 << data.draw(st.integers(0, 7)))
+    h2, p2 = heads.copy(), payload.copy()
+    if pos < HEADER_BYTES:
+        h2[i, pos] ^= bit
+    else:
+        p2[i, pos - HEADER_BYTES] ^= bit
+    ok = codec.verify(h2, p2, np.arange(n), keys)
+    assert not ok[i] and ok.sum() == n - 1
+    other = keys.copy()
+    other[i, 0] ^= 1
+    assert not codec.verify(heads, payload, np.arange(n), other)[i]
+    assert not RowCodec("layoutB", block).verify(heads, payload, np.arange(n), keys).any()
+    if block > 1:  # another block size is another format
+        assert not RowCodec("layoutA", block - 1).verify(heads, payload[:, :-1], np.arange(n), keys).any()
+
+
+# ---------------------------------------------------------------- guard
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _guard(clock=None, **kw):
+    args = dict(deadline_s=0.2, lane=2, breaker_failures=2, breaker_cooldown_s=5.0)
+    args.update(kw)
+    return Guard(clock=clock or time.monotonic, **args)
+
+
+def _fail():
+    raise RemoteUnavailable("rpc failed")
+
+
+def test_guard_returns_the_value_and_runs_then_at_once():
+    g = _guard()
+    t = g.submit("op", lambda: 42)
+    assert t.outcome.ok and t.outcome.value == 42
+    ran = []
+    t.then(lambda: ran.append(1))
+    assert ran == [1]
+    g.close()
+
+
+def test_guard_deadline_and_release_at_the_real_end():
+    g = _guard(deadline_s=0.05)
+    release = threading.Event()
+    t0 = time.monotonic()
+    t = g.submit("op", lambda: release.wait(5))
+    assert t.outcome.reason == "timeout"
+    assert time.monotonic() - t0 < 2.0  # the caller left long before the call ended
+    ran = []
+    t.then(lambda: ran.append(1))
+    assert ran == [] and not t.done  # the call still owns its buffers
+    release.set()
+    assert t.wait_settled(5)
+    deadline = time.monotonic() + 5
+    while not ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == [1]
+    g.close()
+
+
+def test_guard_lane_full_refuses_at_once():
+    g = _guard(deadline_s=0.01, lane=1, breaker_failures=100)
+    release = threading.Event()
+    assert g.submit("op", lambda: release.wait(5)).outcome.reason == "timeout"
+    assert g.submit("op", lambda: 1).outcome.reason == "lane_full"
+    release.set()
+    deadline = time.monotonic() + 5
+    while g.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert g.submit("op", lambda: 1).outcome.ok
+    g.close()
+
+
+def test_breaker_opens_probes_and_closes():
+    clock = Clock()
+    g = _guard(clock)
+    assert g.submit("op", _fail).outcome.reason == "unavailable"
+    assert g.state == BreakerState.CLOSED
+    assert g.submit("op", _fail).outcome.reason == "unavailable"
+    assert g.state == BreakerState.OPEN
+    calls = []
+    assert g.submit("op", lambda: calls.append(1)).outcome.reason == "down" and calls == []
+    clock.t = 5.0  # cooldown over: one probe, and it fails
+    assert g.submit("op", _fail).outcome.reason == "unavailable"
+    assert g.state == BreakerState.OPEN
+    assert g.submit("op", lambda: 1).outcome.reason == "down"
+    clock.t = 10.0  # the next probe succeeds
+    assert g.submit("op", lambda: 1).outcome.ok
+    assert g.state == BreakerState.CLOSED
+    assert g.submit("op", _fail).outcome.reason == "unavailable"  # one failure does not open it
+    assert g.state == BreakerState.CLOSED
+    g.close()
+
+
+def test_a_bug_in_a_call_is_an_error_not_an_outage():
+    g = _guard(breaker_failures=1)
+    t = g.submit("op", lambda: 1 / 0)
+    assert t.outcome.reason == "error" and isinstance(t.outcome.value, ZeroDivisionError)
+    assert g.state == BreakerState.CLOSED
+    g.close()
+
+
+def test_no_probe_while_late_calls_hold_the_lane():
+    clock = Clock()
+    g = _guard(clock, deadline_s=0.02, lane=1, breaker_failures=1)
+    release = threading.Event()
+    assert g.submit("op", lambda: release.wait(5)).outcome.reason == "timeout"
+    assert g.state == BreakerState.OPEN
+    clock.t = 10.0  # cooldown over, but the late call still holds the only thread
+    assert g.submit("op", lambda: 1).outcome.reason == "down"
+    assert g.state == BreakerState.OPEN
+    release.set()
+    deadline = time.monotonic() + 5
+    while g.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert g.submit("op", lambda: 1).outcome.ok and g.state == BreakerState.CLOSED
+    g.close()
