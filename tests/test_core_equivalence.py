@@ -84,7 +84,7 @@ def _by_key(keys: np.ndarray) -> np.ndarray:
     return np.lexsort(keys.T[::-1])
 
 
-ALL_POLICIES = [*POLICIES, "budget", "budget:0.25"]
+ALL_POLICIES = [*POLICIES, "budget", "budget:0.25", "budget:10"]
 PRESET = get_preset("qwen3-8b/h100-gen5-1ssd").with_(gpu_cache_bytes=0)
 
 

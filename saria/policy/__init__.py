@@ -2,7 +2,6 @@
 post-prefill promotion."""
 
 from saria.policy.admission import (
-    POLICIES,
     AdmissionPolicy,
     DramOnly,
     FullDuplicate,
@@ -10,8 +9,8 @@ from saria.policy.admission import (
     KvbmFrequencyFilter,
     Saria,
     WriteBack,
-    make_admission,
 )
+from saria.policy.factory import POLICIES, make_admission
 from saria.policy.promotion import (
     PROMOTIONS,
     FullPromotion,

@@ -32,6 +32,7 @@ class DecayedHistogram:
         self.tau = float(tau)
         self.counts = np.zeros(self.edges.shape[0])
         self._t: float | None = None
+        self._tail: np.ndarray | None = None  # upper tails of `counts`, until the next add
 
     def add(self, x: np.ndarray, now: float) -> None:
         if self._t is not None and now > self._t:
@@ -39,6 +40,14 @@ class DecayedHistogram:
         self._t = now if self._t is None else max(now, self._t)
         if np.shape(x)[0]:
             self.counts += np.bincount(self.bin(x), minlength=self.edges.shape[0])
+        self._tail = None
+
+    def tail(self) -> np.ndarray:
+        """Weight in each bin and above (kept until the next ``add``: the
+        budget and promotion ask many times between observations)."""
+        if self._tail is None:
+            self._tail = np.cumsum(self.counts[::-1])[::-1]
+        return self._tail
 
     def bin(self, x) -> np.ndarray:
         return np.clip(np.searchsorted(self.edges, x, side="right") - 1, 0, self.edges.shape[0] - 1)
@@ -49,8 +58,8 @@ class DecayedHistogram:
 
     def upper_share(self, x) -> np.ndarray:
         """Share of the weight in each `x`'s bin and above."""
-        tail = np.cumsum(self.counts[::-1])[::-1] / max(self.total, 1e-300)
-        return tail[self.bin(x)]
+        tail = self.tail()
+        return tail[self.bin(x)] / max(float(tail[0]), 1e-300)
 
     def cut(self, share: float) -> tuple[float, float, float]:
         """Where the upper `share` of the weight begins, at bin resolution:
@@ -79,7 +88,7 @@ class DecayedHistogram:
             return 0.0
         if share <= 0.0:
             return math.inf
-        tail = np.cumsum(self.counts[::-1])[::-1]
+        tail = self.tail()
         b = int(np.searchsorted(-tail, -share * total, side="left"))
         return float(self.edges[b]) if b < self.edges.shape[0] else math.inf
 
