@@ -162,6 +162,20 @@ def test_e2_falls_out_when_the_budget_pays_for_second_victims():
     assert bought[1] / offered[1] < 0.05
 
 
+def test_a_burst_of_proven_victims_is_written_whole_while_the_day_has_room():
+    """A three-hour burst of second victims at twice the rating (a quarter
+    of the day's room): all of them are written, as E2 would, though the
+    share alone would buy half."""
+    p = _budget(returns=_gaps())
+    offered = bought = 0
+    for t in range(0, 3 * 3600, 10):
+        want = _evict(p, 20, float(t), idle=30.0, ev=2)
+        offered += 20
+        bought += int(want.sum())
+    assert bought == offered
+    assert p.state()["level"] >= p.proven_level
+
+
 def test_in_debt_the_most_valuable_go_first():
     """With the rating short of the supply, a mixed batch (short and long
     idles, first to third evictions) gets only part admitted, and no refused

@@ -45,10 +45,13 @@ context). Hence the guarantee:
 
     for every t:  written in (t - day_s, t] <= rate x day_s
 
--- never above the rating over any window of a day (so a replay of a day or
-less never uses more than 100% of its budget), and over any window of length
-T at most ``rate x (T + day_s)``: its room over the rating is one day of it
-(``write_excess_h`` in the replay's report measures the largest excess). The
+-- never above the rating over any window of a day (a replay of a day or
+less never writes more than a day's rating; ``write_day_peak_fraction`` in
+the replay's report), and over any window of length T at most ``rate x (T +
+day_s)``: its room over the rating is one day of it (``write_excess_h``
+measures the largest excess). A replay shorter than a day can therefore use
+more than 100% of the rating *over its own length*: the one-hour Mooncake
+share writes at 3.7x the rating, 15% of a day's. The
 window lets a burst borrow the rest of the day; the pacing keeps a load from
 spending the day before it knows what the day brings:
 
@@ -67,6 +70,10 @@ spending the day before it knows what the day brings:
   the second evictions come in a wave ten hours in that ``E2`` writes at 11 h
   of the rating in two hours; a day spent on first victims before it leaves
   nothing for the victims that matter;
+* victims evicted twice or more -- what ``E2`` writes -- are all bought while
+  a quarter of the day's room is left (``proven_level``), whatever the share:
+  the policy writes a superset of ``E2``'s writes wherever they fit in
+  three quarters of the day;
 * the dead and early writes are bought only while three quarters of the
   day's room is left: a surplus, not a bet.
 
@@ -110,6 +117,8 @@ class BudgetAdmission(AdmissionPolicy):
     first_lead_s = 6 * 3600.0
     #: the share bought is the rate's share x pace x the day's room left
     pace = 2.0
+    #: victims evicted twice or more are all bought while this share of the day's room is left
+    proven_level = 0.25
 
     def __init__(self, fraction: float = 1.0, *, dwpd: float = 1.0, day_s: float = DAY,
                  window_s: float = 6 * 3600.0) -> None:
@@ -287,6 +296,8 @@ class BudgetAdmission(AdmissionPolicy):
             return out
         v = value[order]
         take = v >= hi
+        if level >= self.proven_level:  # the proven while a quarter of the day is left
+            take |= v >= 2.0
         edge = np.flatnonzero((v >= lo) & ~take)
         if edge.size:  # a fraction p of the boundary bin, spread evenly (error diffusion)
             acc = self._carry + p * np.arange(1, edge.size + 1)
