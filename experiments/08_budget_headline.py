@@ -284,7 +284,7 @@ def _plot_headline(plt, summary, path):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     xs = list(range(len(summary)))
     names = [s["config"] for s in summary]
-    ratio = [s["budget_vs_best_fixed"] or 0.0 for s in summary]
+    ratio = [s["budget_vs_best_fixed"] or float("nan") for s in summary]
     ax = axes[0]
     ax.bar(xs, ratio, 0.6, color="C3", label="budget / best fixed gate within budget")
     for x, s in zip(xs, summary):
@@ -293,15 +293,18 @@ def _plot_headline(plt, summary, path):
                     fontsize=6)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.axhline(1.05, color="grey", ls=":", lw=1, label="1.05x")
-    ax.set_ylabel("mean TTFT, budget / best fixed gate", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("mean TTFT, budget / best fixed gate (log)", fontsize=8)
     ax = axes[1]
     w = 0.38
     ax.bar([x - w / 2 for x in xs], [100 * s["budget_used"] for s in summary], w, color="C3",
            label="budget")
     ax.bar([x + w / 2 for x in xs], [100 * (s["best_fixed_budget_used"] or 0.0) for s in summary],
            w, color="C0", label="best fixed gate")
+    ax.plot(xs, [100 * (s["budget_day_peak"] or 0.0) for s in summary], "kv", ms=5,
+            label="budget: most in any day (% of a day's rating)")
     ax.axhline(100, color="k", lw=0.8)
-    ax.set_ylabel("write budget used (%)", fontsize=8)
+    ax.set_ylabel("write budget used over the replay (%)", fontsize=8)
     for ax in axes:
         ax.set_xticks(xs, names, rotation=30, ha="right", fontsize=7)
         ax.grid(alpha=0.3, axis="y")
