@@ -59,7 +59,9 @@ spending the day before it knows what the day brings:
   supply's recent rate (candidates per second, a histogram of values decaying
   over ``window_s``), times ``pace x level`` (2 x the share of the day's room
   left): twice the rate's share with the day untouched, the rate's share
-  with half of it left, none at the limit. The threshold is the lowest
+  with half of it left, none at the limit (until the supply has been watched
+  for ``young_s``, 10 min, it has no rate yet and the room alone limits:
+  an engine's first minutes). The threshold is the lowest
   value whose upper tail in the histogram holds that share (a bin of equal
   values is bought in proportion, by error diffusion);
 * first victims (with the dead and early writes, rated as first victims) are
@@ -117,6 +119,8 @@ class BudgetAdmission(AdmissionPolicy):
     first_lead_s = 6 * 3600.0
     #: the share bought is the rate's share x pace x the day's room left
     pace = 2.0
+    #: the supply's rate is estimated once it has been watched this long
+    young_s = 600.0
     #: victims evicted twice or more are all bought while this share of the day's room is left
     proven_level = 0.25
 
@@ -261,8 +265,8 @@ class BudgetAdmission(AdmissionPolicy):
     def _share(self, level: float, now: float) -> float:
         """The share of the supply to buy: what the rate pays for at the
         supply's recent rate, times ``2 x level``."""
-        if self._v0 is None:
-            return 1.0
+        if self._v0 is None or now - self._v0 < self.young_s:
+            return 1.0  # no rate of the supply yet: buy what the room allows
         if level <= 0.0:
             return 0.0
         tau = self.window_s
