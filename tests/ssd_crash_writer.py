@@ -1,9 +1,10 @@
 """Helper of tests/test_ssd_store.py: writes blocks until it is killed.
 
-Usage: python ssd_crash_writer.py DIR CAPACITY_BYTES BLOCK_BYTES BATCH [COMPACT]
+Usage: python ssd_crash_writer.py DIR CAPACITY_BYTES BLOCK_BYTES BATCH [COMPACT [PARTS]]
 
 COMPACT: the store's ``journal_compact_entries`` (small values make the
 journal write a checkpoint every few calls, so kills land in checkpoints too).
+PARTS: the store's ``parts`` (slots of several parts: kills tear them).
 
 Every block's key is sha256(b"crash" + counter) and its bytes are derived from
 the key (``block_bytes_for``), so the parent can verify what it recovers.
@@ -33,7 +34,8 @@ def main() -> None:
 
     d, cap, bb, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     compact = int(sys.argv[5]) if len(sys.argv) > 5 else 0
-    store = SsdStore([d], cap, bb, threads=4, unit_bytes=256 << 10, journal_compact_entries=compact)
+    parts = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    store = SsdStore([d], cap, bb, threads=4, unit_bytes=256 << 10, journal_compact_entries=compact, parts=parts)
     live: list[int] = []
     i = 0
     out = sys.stdout

@@ -78,17 +78,30 @@ def test_pages_round_trip_through_the_pool(layout, tp_rank):
     assert not any(p.any() for p in pages_of(kv, layout, 5))   # nothing else was written
 
 
-def _ssd_with_blocks(tmp_path, geo, kv, layout, blocks):
-    """An owner store holding `blocks`' pages (this rank's part of each slot),
-    as the scheduler's writer would have written them."""
+def _ssd_with_blocks(tmp_path, geo, kv, layout, blocks, ranks=None):
+    """An owner store holding `blocks`' pages (each rank's part of each slot:
+    `ranks` maps a rank to its KV caches; this rank's alone by default), as
+    the scheduler's writer would have written them: one part per rank."""
     slot = np.zeros((len(blocks), geo.slot_bytes), np.uint8)
-    for i, b in enumerate(blocks):
-        flat = torch.cat([p.reshape(-1) for p in pages_of(kv, layout, b)]).view(torch.uint8)
-        slot[i, geo.tp_rank * geo.rank_bytes:(geo.tp_rank + 1) * geo.rank_bytes] = flat.numpy()
-    store = SsdStore([str(tmp_path / "d0")], DATA_OFFSET + 16 * slot_bytes_for(geo.slot_bytes),
-                     geo.slot_bytes)
+    for r, rkv in (ranks or {geo.tp_rank: kv}).items():
+        for i, b in enumerate(blocks):
+            flat = torch.cat([p.reshape(-1) for p in pages_of(rkv, layout, b)]).view(torch.uint8)
+            slot[i, r * geo.rank_bytes:(r + 1) * geo.rank_bytes] = flat.numpy()
+    store = SsdStore([str(tmp_path / "d0")], DATA_OFFSET + 16 * slot_bytes_for(geo.slot_bytes, geo.tp_size),
+                     geo.slot_bytes, parts=geo.tp_size)
     keys = keys_for(len(blocks))
     return store, store.write(keys, slot), keys
+
+
+def _flip(tmp_path, geo, handle: int, rank: int, at: int) -> None:
+    """Flips payload byte `at` of `rank`'s part of the block at `handle`, on disk."""
+    stride = slot_bytes_for(geo.slot_bytes, geo.tp_size) // geo.tp_size
+    with open(tmp_path / "d0" / "saria-ssd.data", "r+b") as f:
+        off = DATA_OFFSET + handle * geo.tp_size * stride + rank * stride + 64 + at
+        f.seek(off)
+        byte = f.read(1)
+        f.seek(off)
+        f.write(bytes([byte[0] ^ 0xFF]))
 
 
 @pytest.mark.parametrize("layout", ["cpu", "flash"])
@@ -98,13 +111,8 @@ def test_ssd_blocks_land_in_kv_pages_verified(tmp_path, layout, tp_rank):
     kv = kv_caches(layout)
     want = {b: pages_of(kv, layout, b) for b in (5, 9, 2)}
     owner, handles, keys = _ssd_with_blocks(tmp_path, geo, kv, layout, [5, 9, 2])
-    # Corrupt block 9's payload on disk: the reader must refuse it.
-    with open(tmp_path / "d0" / "saria-ssd.data", "r+b") as f:
-        off = DATA_OFFSET + int(handles[1]) * slot_bytes_for(geo.slot_bytes) + 64 + 7
-        f.seek(off)
-        byte = f.read(1)
-        f.seek(off)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    # Corrupt this rank's part of block 9 on disk: the reader must refuse it.
+    _flip(tmp_path, geo, int(handles[1]), tp_rank, 7)
     for t in kv.values():
         t.zero_()
     pages = KVPages(kv, geo)
@@ -117,6 +125,41 @@ def test_ssd_blocks_land_in_kv_pages_verified(tmp_path, layout, tp_rank):
     assert all(torch.equal(a, b) for a, b in zip(pages_of(kv, layout, 7), want[5]))
     assert all(torch.equal(a, b) for a, b in zip(pages_of(kv, layout, 11), want[2]))
     assert not any(p.any() for p in pages_of(kv, layout, 0))   # the bad block was not copied
+
+
+@pytest.mark.parametrize("layout", ["cpu", "flash"])
+def test_two_ranks_read_only_their_parts_of_one_store(tmp_path, layout):
+    """One store per node: both ranks' pages in every slot, one part each.
+    Each rank's reader reads its part alone (1/2 of the slot's bytes, not the
+    whole slot as before parts) and puts exactly its own pages in place; a
+    corrupt part is a miss for its rank only."""
+    geos = [geometry(layout, r) for r in (0, 1)]
+    kvs = [kv_caches(layout) for _ in (0, 1)]
+    blocks = [5, 9, 2, 14]
+    want = [{b: pages_of(kvs[r], layout, b) for b in blocks} for r in (0, 1)]
+    owner, handles, keys = _ssd_with_blocks(tmp_path, geos[0], kvs[0], layout, blocks,
+                                            ranks={0: kvs[0], 1: kvs[1]})
+    _flip(tmp_path, geos[0], int(handles[2]), 1, geos[0].rank_bytes - 1)  # rank 1's part of block 2
+    stride = owner.slot_bytes // 2
+    assert stride == -(-(64 + geos[0].rank_bytes) // 4096) * 4096
+    dst = [7, 0, 11, 3]
+    oks = []
+    for r in (0, 1):
+        for t in kvs[r].values():
+            t.zero_()
+        reader = SsdPageReader((str(tmp_path / "d0"),), KVPages(kvs[r], geos[r]), geos[r])
+        ok = reader.load([Transfer(1, "r", Medium.SSD, Medium.KV, handles.tolist(), dst, keys.tobytes())])
+        oks.append(ok.tolist())
+        assert reader.bytes_read == len(blocks) * stride   # its part of each block, once
+        reader.close()
+        for i, (d, b) in enumerate(zip(dst, blocks)):
+            got = pages_of(kvs[r], layout, d)
+            if ok[i]:
+                assert all(torch.equal(a, w) for a, w in zip(got, want[r][b]))
+            else:
+                assert not any(p.any() for p in got)
+    owner.close()
+    assert oks == [[True] * 4, [True, True, False, True]]
 
 
 def test_ssd_reads_in_chunks_put_every_block_in_place(tmp_path):

@@ -250,31 +250,22 @@ def _derived(key: bytes, n: int) -> bytes:
     return hashlib.shake_128(key).digest(n)
 
 
-@pytest.mark.parametrize("run", range(6))
-def test_sigkill_mid_write_burst_recovers_completed_blocks(tmp_path, run):
-    """SIGKILL of a writer at a random point -- slot writes, journal appends and
-    (with a small compaction threshold) checkpoints in flight -- then reopen:
-    the journal is usable, every acknowledged block is found at its handle and
-    reads back byte-exact, everything else listed is its key's bytes or a miss;
-    a full scan of the same drive finds every acknowledged block too."""
-    rng = np.random.default_rng(run)
-    bb = 3 * 4096 + 100
-    slots = 400
-    batch = 16
-    compact = (0, 24, 40)[run % 3]
-    cap = cap_for(slots, bb)
+def kill_a_writer(d: Path, rng, cap: int, bb: int, slots: int, batch: int, compact: int,
+                  parts: int = 1) -> dict[int, bytes]:
+    """Runs tests/ssd_crash_writer.py on `d` until it has wrapped around the
+    drive at least once (frees and reuses slots), SIGKILLs it at a random
+    moment with writes in flight; returns the blocks it reported written and
+    not freed: handle -> key."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "ssd_crash_writer.py"), str(tmp_path), str(cap), str(bb), str(batch),
-         str(compact)],
+        [sys.executable, str(HERE / "ssd_crash_writer.py"), str(d), str(cap), str(bb), str(batch),
+         str(compact), str(parts)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == b"READY", proc.stderr.read().decode() if proc.stderr else ""
-    # Let it wrap around the drive at least once (frees and reuses slots), then kill it
-    # at a random moment, with writes in flight.
     lines: list[bytes] = []
     target = slots * 2 + int(rng.integers(0, slots))
     while len(lines) < target:
@@ -290,13 +281,30 @@ def test_sigkill_mid_write_burst_recovers_completed_blocks(tmp_path, run):
     lines += [line for line in rest.splitlines(keepends=True) if line.endswith(b"\n")]
     completed: dict[int, bytes] = {}
     for line in lines:
-        parts = line.split()
-        if not parts or not line.endswith(b"\n"):
+        fields = line.split()
+        if not fields or not line.endswith(b"\n"):
             continue
-        if parts[0] == b"W":
-            completed[int(parts[1])] = bytes.fromhex(parts[2].decode())
-        elif parts[0] == b"F":
-            completed.pop(int(parts[1]), None)
+        if fields[0] == b"W":
+            completed[int(fields[1])] = bytes.fromhex(fields[2].decode())
+        elif fields[0] == b"F":
+            completed.pop(int(fields[1]), None)
+    return completed
+
+
+@pytest.mark.parametrize("run", range(6))
+def test_sigkill_mid_write_burst_recovers_completed_blocks(tmp_path, run):
+    """SIGKILL of a writer at a random point -- slot writes, journal appends and
+    (with a small compaction threshold) checkpoints in flight -- then reopen:
+    the journal is usable, every acknowledged block is found at its handle and
+    reads back byte-exact, everything else listed is its key's bytes or a miss;
+    a full scan of the same drive finds every acknowledged block too."""
+    rng = np.random.default_rng(run)
+    bb = 3 * 4096 + 100
+    slots = 400
+    batch = 16
+    compact = (0, 24, 40)[run % 3]
+    cap = cap_for(slots, bb)
+    completed = kill_a_writer(tmp_path, rng, cap, bb, slots, batch, compact)
     assert len(completed) >= batch
 
     for mode in ("journal", "full"):

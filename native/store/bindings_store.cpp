@@ -110,6 +110,7 @@ NB_MODULE(_store, m) {
         x["bad_payloads"] = c.bad_payloads;
         x["superseded"] = c.superseded;
         x["bytes_read"] = c.bytes_read;
+        x["parts"] = c.parts;
         x["read_errors"] = c.read_errors;
         x["journal"] = c.journal;
         x["journal_entries"] = c.journal_entries;
@@ -125,7 +126,7 @@ NB_MODULE(_store, m) {
           [](SsdStore* self, std::vector<std::string> dirs, std::vector<uint64_t> capacity_bytes,
              uint64_t block_bytes, int threads, uint64_t unit_bytes, bool durable, bool preallocate, bool direct,
              bool full_scan, bool allow_degraded, bool read_only, bool journal, bool open_from_journal,
-             uint64_t journal_compact_entries) {
+             uint64_t journal_compact_entries, uint32_t parts) {
             StoreOptions o;
             o.dirs = std::move(dirs);
             o.capacity_bytes = std::move(capacity_bytes);
@@ -141,13 +142,14 @@ NB_MODULE(_store, m) {
             o.journal = journal;
             o.open_from_journal = open_from_journal;
             o.journal_compact_entries = journal_compact_entries;
+            o.parts = parts;
             nb::gil_scoped_release rel;
             new (self) SsdStore(o);
           },
           "dirs"_a, "capacity_bytes"_a, "block_bytes"_a, "threads"_a = 0, "unit_bytes"_a = 4u << 20,
           "durable"_a = false, "preallocate"_a = true, "direct"_a = true, "full_scan"_a = true,
           "allow_degraded"_a = false, "read_only"_a = false, "journal"_a = true, "open_from_journal"_a = true,
-          "journal_compact_entries"_a = 0)
+          "journal_compact_entries"_a = 0, "parts"_a = 1)
       .def(
           "write",
           [](SsdStore& s, KeyArray keys, DataArray data) {
@@ -184,6 +186,24 @@ NB_MODULE(_store, m) {
             return bool_array(std::move(ok));
           },
           "handles"_a, "keys"_a, "out"_a)
+      .def(
+          "read_part",
+          [](SsdStore& s, I64Array handles, KeyArray keys, uint32_t part, OutArray out) {
+            size_t k = handles.shape(0);
+            if (keys.shape(0) != k)
+              throw std::invalid_argument("keys: " + std::to_string(keys.shape(0)) + " keys for " +
+                                          std::to_string(k) + " handles");
+            if (out.shape(0) != k || out.shape(1) != s.part_bytes())
+              throw std::invalid_argument("out: shape must be (" + std::to_string(k) + ", " +
+                                          std::to_string(s.part_bytes()) + ")");
+            std::vector<uint8_t> ok(k);
+            {
+              nb::gil_scoped_release rel;
+              s.read_part(k, handles.data(), keys.data(), part, out.data(), ok.data());
+            }
+            return bool_array(std::move(ok));
+          },
+          "handles"_a, "keys"_a, "part"_a, "out"_a)
       .def(
           "free",
           [](SsdStore& s, I64Array handles) {
@@ -270,6 +290,8 @@ NB_MODULE(_store, m) {
            })
       .def_prop_ro("block_bytes", &SsdStore::block_bytes)
       .def_prop_ro("slot_bytes", &SsdStore::slot_bytes)
+      .def_prop_ro("parts", &SsdStore::parts)
+      .def_prop_ro("part_bytes", &SsdStore::part_bytes)
       .def_prop_ro("capacity_slots", &SsdStore::capacity_slots)
       .def_prop_ro("free_slots", &SsdStore::free_slots)
       .def_prop_ro("n_drives", &SsdStore::n_drives)

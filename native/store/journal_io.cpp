@@ -357,6 +357,7 @@ ScrubResult SsdStore::scrub(uint64_t max_slots) {
   ScrubResult res;
   if (total_slots_ == 0) return res;
   uint8_t* buf = tl_buf.get(slot_bytes_);
+  const Geom g = make_geom(block_bytes_, opt_.parts);
   uint64_t looked = 0;
   while (!res.wrapped && res.checked < max_slots && looked < total_slots_) {
     uint64_t h = scrub_pos_;
@@ -384,9 +385,10 @@ ScrubResult SsdStore::scrub(uint64_t max_slots) {
     }
     ++res.checked;
     dr.scrub_checked++;
+    SlotRecord rec;
     bool good = r == static_cast<ssize_t>(slot_bytes_) &&
-                verify_slot(buf, slot, block_bytes_, true, m.key.data()) == Verdict::kOk &&
-                get64(buf + 48) == m.seq && get32(buf + 60) == m.hcrc;
+                verify_slot(buf, slot, g, g.part_stride, true, m.key.data(), &rec) == Verdict::kOk &&
+                rec.seq == m.seq && rec.hcrc == m.hcrc;
     if (good) continue;
     {
       std::lock_guard<std::mutex> g(meta_);
@@ -422,14 +424,17 @@ DriveCheck check_drive(const std::string& dir_in, bool direct) {
   if (r != static_cast<ssize_t>(kAlign) || std::memcmp(sb.get(), kSuperMagic, 8) != 0 ||
       crc32c(0, sb.get(), kSuperCrcAt) != get32(sb.get() + kSuperCrcAt))
     throw std::invalid_argument("dir: " + path + " is not a saria SSD data file (bad or torn superblock)");
-  if (get32(sb.get() + 8) != kFormatVersion)
-    throw std::invalid_argument("dir: " + path + " has on-disk format version " + std::to_string(get32(sb.get() + 8)));
+  uint32_t parts = 0;
+  std::string bad_sb;
+  if (!superblock_parts(sb.get(), &parts, &bad_sb)) throw std::invalid_argument("dir: " + path + " " + bad_sb);
   c.bytes_read += kAlign;
   c.block_bytes = get64(sb.get() + 16);
+  c.parts = parts;
   uint64_t slot_bytes = get64(sb.get() + 24);
   c.n_slots = get64(sb.get() + 32);
-  if (slot_bytes != round_up(kHeaderBytes + c.block_bytes, kAlign))
+  if (c.block_bytes == 0 || c.block_bytes % parts != 0 || slot_bytes != make_geom(c.block_bytes, parts).slot_bytes)
     throw std::invalid_argument("dir: " + path + " has an unexpected slot layout");
+  const Geom g = make_geom(c.block_bytes, parts);
   JournalHeader want;
   want.block_bytes = c.block_bytes;
   want.n_slots = c.n_slots;
@@ -453,17 +458,20 @@ DriveCheck check_drive(const std::string& dir_in, bool direct) {
     for (uint64_t j = 0; j < got / slot_bytes; ++j) {
       const uint8_t* s = buf.get() + j * slot_bytes;
       uint32_t slot = static_cast<uint32_t>(s0 + j);
-      if (verify_slot(s, slot, c.block_bytes, false, nullptr) != Verdict::kOk) {
-        if (std::memcmp(s, kSlotMagic, 8) == 0) {
+      SlotRecord sr;
+      if (verify_slot(s, slot, g, g.part_stride, false, nullptr) != Verdict::kOk) {
+        bool magic = false;
+        for (uint32_t p = 0; p < parts; ++p) magic = magic || std::memcmp(s + p * g.part_stride, kSlotMagic, 8) == 0;
+        if (magic) {
           ++c.bad_headers;
         } else {
           ++c.empty;
         }
-      } else if (verify_slot(s, slot, c.block_bytes, true, nullptr) != Verdict::kOk) {
+      } else if (verify_slot(s, slot, g, g.part_stride, true, nullptr, &sr) != Verdict::kOk) {
         ++c.bad_payloads;
       } else {
-        FoundRecord rec{get64(s + 48), slot, {}, get32(s + 60)};
-        std::memcpy(rec.key.data(), s + 16, 32);
+        FoundRecord rec{sr.seq, slot, {}, sr.hcrc};
+        std::memcpy(rec.key.data(), sr.key, 32);
         found.push_back(rec);
       }
     }

@@ -12,17 +12,26 @@ namespace saria_store {
 using namespace detail;
 
 uint64_t find_records(const uint8_t* buf, uint64_t n, uint32_t first_slot, uint64_t slot_bytes,
-                      uint64_t block_bytes, bool check_payload, std::vector<FoundRecord>* out) {
+                      uint64_t block_bytes, bool check_payload, std::vector<FoundRecord>* out,
+                      uint32_t parts, uint64_t pitch) {
+  const Geom g = make_geom(block_bytes, parts);
+  if (pitch == 0) pitch = g.part_stride;
   uint64_t invalid = 0;
   for (uint64_t j = 0; j < n; ++j) {
     const uint8_t* s = buf + j * slot_bytes;
     uint32_t slot = first_slot + static_cast<uint32_t>(j);
-    if (verify_slot(s, slot, block_bytes, check_payload, nullptr) == Verdict::kOk) {
-      FoundRecord r{get64(s + 48), slot, {}, get32(s + 60)};
-      std::memcpy(r.key.data(), s + 16, 32);
+    SlotRecord rec;
+    if (verify_slot(s, slot, g, pitch, check_payload, nullptr, &rec) == Verdict::kOk) {
+      FoundRecord r{rec.seq, slot, {}, rec.hcrc};
+      std::memcpy(r.key.data(), rec.key, 32);
       out->push_back(r);
-    } else if (std::memcmp(s, kSlotMagic, 8) == 0) {
-      ++invalid;
+    } else {
+      for (uint32_t p = 0; p < parts; ++p) {
+        if (std::memcmp(s + p * pitch, kSlotMagic, 8) == 0) {
+          ++invalid;
+          break;
+        }
+      }
     }
   }
   return invalid;

@@ -19,15 +19,19 @@ struct FoundRecord {
   uint64_t seq;
   uint32_t slot;  // local to its drive
   std::array<uint8_t, 32> key;
-  uint32_t hcrc = 0;  // the slot header's crc (header bytes 60..64)
+  uint32_t hcrc = 0;  // the slot header's crc (header bytes 60..64; several parts: ssd_store.h)
 };
 
 // Checks `n` consecutive slots of `slot_bytes` bytes in `buf`, the first at
 // local index `first_slot`; appends the valid records to `out` (payloads
 // verified when `check_payload`). Returns how many slots hold a record
-// header (the magic) that does not verify: torn or corrupt writes.
+// header (the magic) that does not verify: torn or corrupt writes. A slot of
+// `parts` parts has part p at p * `pitch` bytes from its start in `buf` (0:
+// the part stride, a slot read whole; 4096 for each part's first page) and
+// is a record only when every part verifies with one key and sequence number.
 uint64_t find_records(const uint8_t* buf, uint64_t n, uint32_t first_slot, uint64_t slot_bytes,
-                      uint64_t block_bytes, bool check_payload, std::vector<FoundRecord>* out);
+                      uint64_t block_bytes, bool check_payload, std::vector<FoundRecord>* out,
+                      uint32_t parts = 1, uint64_t pitch = 0);
 
 struct Survivor {
   std::array<uint8_t, 32> key;

@@ -88,8 +88,9 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
   std::vector<uint32_t> hcrcs(k, 0);  // each slot header's crc, for the journal
   std::vector<std::function<void()>> tasks;
   tasks.reserve(runs.size());
+  const Geom g = make_geom(block_bytes_, opt_.parts);
   for (const Run& r : runs) {
-    tasks.push_back([this, r, keys, data, handles, &hcrcs] {
+    tasks.push_back([this, r, keys, data, handles, &hcrcs, &g] {
       Drive& dr = *drives_[r.drive];
       size_t bytes = static_cast<size_t>(r.len) * slot_bytes_;
       size_t done = 0;
@@ -100,18 +101,14 @@ void SsdStore::write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t
           uint8_t* s = buf + j * slot_bytes_;
           size_t i = r.first + j;
           uint32_t slot = r.start + j;
-          std::memcpy(s, kSlotMagic, 8);
-          put32(s + 8, kFormatVersion);
-          put32(s + 12, static_cast<uint32_t>(block_bytes_));
-          std::memcpy(s + 16, keys + i * kKeyBytes, kKeyBytes);
-          put64(s + 48, r.seq0 + j);
-          std::memcpy(s + kHeaderBytes, data + i * block_bytes_, block_bytes_);
-          std::memset(s + kHeaderBytes + block_bytes_, 0, slot_bytes_ - kHeaderBytes - block_bytes_);
-          put32(s + 56, crc32c(0, s + kHeaderBytes, block_bytes_));
-          uint8_t loc[4];
-          put32(loc, slot);
-          put32(s + 60, crc32c(crc32c(0, s, 60), loc, 4));
-          hcrcs[i] = get32(s + 60);
+          uint32_t combined = 0;
+          for (uint32_t p = 0; p < g.parts; ++p) {
+            uint8_t hc[4];
+            put32(hc, encode_part(s + p * g.part_stride, g, p, slot, keys + i * kKeyBytes, r.seq0 + j,
+                                  data + i * block_bytes_ + p * g.part_bytes));
+            combined = crc32c(combined, hc, 4);
+          }
+          hcrcs[i] = g.parts == 1 ? get32(s + 60) : combined;
         }
         ssize_t w = do_pwrite(dr, buf, bytes, kDataOffset + static_cast<uint64_t>(r.start) * slot_bytes_);
         if (w < 0) e = errno;
@@ -197,35 +194,40 @@ void SsdStore::sync() {
 // ---------------------------------------------------------------------------
 // Read
 // ---------------------------------------------------------------------------
-void SsdStore::read(size_t k, const int64_t* handles, const uint8_t* keys, uint8_t* out, uint8_t* ok) {
-  std::shared_lock<std::shared_mutex> life(life_);
-  check_open();
-  struct Req {
-    uint32_t drive, slot;
-    size_t i;
-  };
-  std::vector<Req> reqs;
+// The blocks of a read by drive and slot; bad handles and unopened drives
+// zero their `row_bytes` output row and leave ok 0.
+std::vector<SsdStore::ReadReq> SsdStore::read_requests(size_t k, const int64_t* handles, uint8_t* out,
+                                                       uint64_t row_bytes, uint8_t* ok) {
+  std::vector<ReadReq> reqs;
   reqs.reserve(k);
   for (size_t i = 0; i < k; ++i) {
     ok[i] = 0;
     int64_t h = handles[i];
     if (h < 0 || static_cast<uint64_t>(h) >= total_slots_) {
       bad_handles_++;
-      std::memset(out + i * block_bytes_, 0, block_bytes_);
+      std::memset(out + i * row_bytes, 0, row_bytes);
       continue;
     }
     uint32_t d = 0;
     while (d + 1 < drives_.size() && drives_[d + 1]->base <= static_cast<uint64_t>(h)) ++d;
     if (drives_[d]->fd < 0) {
       drives_[d]->read_errors++;
-      std::memset(out + i * block_bytes_, 0, block_bytes_);
+      std::memset(out + i * row_bytes, 0, row_bytes);
       continue;
     }
-    reqs.push_back(Req{d, static_cast<uint32_t>(h - drives_[d]->base), i});
+    reqs.push_back(ReadReq{d, static_cast<uint32_t>(h - drives_[d]->base), i});
   }
-  std::sort(reqs.begin(), reqs.end(), [](const Req& a, const Req& b) {
+  std::sort(reqs.begin(), reqs.end(), [](const ReadReq& a, const ReadReq& b) {
     return a.drive != b.drive ? a.drive < b.drive : (a.slot != b.slot ? a.slot < b.slot : a.i < b.i);
   });
+  return reqs;
+}
+
+void SsdStore::read(size_t k, const int64_t* handles, const uint8_t* keys, uint8_t* out, uint8_t* ok) {
+  std::shared_lock<std::shared_mutex> life(life_);
+  check_open();
+  std::vector<ReadReq> reqs = read_requests(k, handles, out, block_bytes_, ok);
+  const Geom g = make_geom(block_bytes_, opt_.parts);
   std::vector<std::function<void()>> tasks;
   const uint64_t unit = balanced_unit(reqs.size());
   size_t a = 0;
@@ -234,7 +236,7 @@ void SsdStore::read(size_t k, const int64_t* handles, const uint8_t* keys, uint8
     while (b < reqs.size() && b - a < unit && reqs[b].drive == reqs[a].drive &&
            reqs[b].slot == reqs[b - 1].slot + 1)
       ++b;
-    tasks.push_back([this, &reqs, a, b, keys, out, ok] {
+    tasks.push_back([this, &reqs, &g, a, b, keys, out, ok] {
       Drive& dr = *drives_[reqs[a].drive];
       size_t n = b - a;
       size_t bytes = n * slot_bytes_;
@@ -255,7 +257,7 @@ void SsdStore::read(size_t k, const int64_t* handles, const uint8_t* keys, uint8
         done = 0;
       }
       for (size_t j = 0; j < n; ++j) {
-        const Req& q = reqs[a + j];
+        const ReadReq& q = reqs[a + j];
         uint8_t* dst = out + q.i * block_bytes_;
         if ((j + 1) * slot_bytes_ > done) {
           dr.read_errors++;
@@ -263,9 +265,10 @@ void SsdStore::read(size_t k, const int64_t* handles, const uint8_t* keys, uint8
           continue;
         }
         const uint8_t* s = buf + j * slot_bytes_;
-        Verdict v = verify_slot(s, q.slot, block_bytes_, true, keys + q.i * kKeyBytes);
+        Verdict v = verify_slot(s, q.slot, g, g.part_stride, true, keys + q.i * kKeyBytes);
         if (v == Verdict::kOk) {
-          std::memcpy(dst, s + kHeaderBytes, block_bytes_);
+          for (uint32_t p = 0; p < g.parts; ++p)
+            std::memcpy(dst + p * g.part_bytes, s + p * g.part_stride + kHeaderBytes, g.part_bytes);
           ok[q.i] = 1;
           dr.blocks_read++;
           dr.payload_read += block_bytes_;
@@ -279,6 +282,60 @@ void SsdStore::read(size_t k, const int64_t* handles, const uint8_t* keys, uint8
     a = b;
   }
   run_tasks(tasks, /*urgent=*/true);  // reads jump queued background writes
+}
+
+void SsdStore::read_part(size_t k, const int64_t* handles, const uint8_t* keys, uint32_t part, uint8_t* out,
+                         uint8_t* ok) {
+  std::shared_lock<std::shared_mutex> life(life_);
+  check_open();
+  if (part >= opt_.parts)
+    throw std::invalid_argument("part: must be in [0, " + std::to_string(opt_.parts) + "), got " +
+                                std::to_string(part));
+  const Geom g = make_geom(block_bytes_, opt_.parts);
+  std::vector<ReadReq> reqs = read_requests(k, handles, out, g.part_bytes, ok);
+  // Parts of neighbouring slots are not adjacent: one read of part_stride
+  // bytes per block, `unit` blocks per task.
+  std::vector<std::function<void()>> tasks;
+  const uint64_t unit = balanced_unit(reqs.size());
+  for (size_t a = 0; a < reqs.size(); a += unit) {
+    size_t b = std::min<size_t>(reqs.size(), a + unit);
+    tasks.push_back([this, &reqs, &g, a, b, part, keys, out, ok] {
+      uint8_t* buf = nullptr;
+      try {
+        buf = tl_buf.get(g.part_stride);
+      } catch (const std::bad_alloc&) {
+      }
+      for (size_t j = a; j < b; ++j) {
+        const ReadReq& q = reqs[j];
+        Drive& dr = *drives_[q.drive];
+        uint8_t* dst = out + q.i * g.part_bytes;
+        uint64_t off = kDataOffset + static_cast<uint64_t>(q.slot) * slot_bytes_ + part * g.part_stride;
+        ssize_t r = buf ? do_pread(dr, buf, g.part_stride, off) : -1;
+        if (r != static_cast<ssize_t>(g.part_stride)) {
+          int e = buf ? errno : ENOMEM;
+          dr.read_errors++;
+          std::memset(dst, 0, g.part_bytes);
+          std::lock_guard<std::mutex> eg(dr.err_m);
+          dr.last_errno = e;
+          dr.last_error = "read of part " + std::to_string(part) + " of slot " + std::to_string(q.slot) + " of " +
+                          dr.path + " failed: " + errstr(e);
+          continue;
+        }
+        Verdict v = verify_part(buf, q.slot, g, part, true, keys + q.i * kKeyBytes);
+        if (v == Verdict::kOk) {
+          std::memcpy(dst, buf + kHeaderBytes, g.part_bytes);
+          ok[q.i] = 1;
+          dr.blocks_read++;
+          dr.payload_read += g.part_bytes;
+        } else {
+          if (v == Verdict::kKeyMismatch) dr.key_mismatches++;
+          else dr.checksum_failures++;
+          std::memset(dst, 0, g.part_bytes);
+        }
+      }
+    });
+  }
+  run_tasks(tasks, /*urgent=*/true);
 }
 
 size_t SsdStore::free(size_t k, const int64_t* handles) {

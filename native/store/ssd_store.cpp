@@ -35,8 +35,18 @@ SsdStore::SsdStore(const StoreOptions& opt) : opt_(opt) {
     throw std::invalid_argument("unit_bytes: must be at least 4096, got " + std::to_string(opt_.unit_bytes));
   if (opt_.threads < 0 || opt_.threads > 1024)
     throw std::invalid_argument("threads: must be in [0, 1024], got " + std::to_string(opt_.threads));
+  if (opt_.parts == 0 || opt_.parts > kMaxParts)
+    throw std::invalid_argument("parts: must be in [1, " + std::to_string(kMaxParts) + "], got " +
+                                std::to_string(opt_.parts));
+  if (opt_.block_bytes % opt_.parts != 0)
+    throw std::invalid_argument("parts: block_bytes=" + std::to_string(opt_.block_bytes) +
+                                " does not split into " + std::to_string(opt_.parts) + " equal parts");
   block_bytes_ = opt_.block_bytes;
-  slot_bytes_ = round_up(kHeaderBytes + block_bytes_, kAlign);
+  {
+    Geom g = make_geom(block_bytes_, opt_.parts);
+    part_stride_ = g.part_stride;
+    slot_bytes_ = g.slot_bytes;
+  }
   unit_slots_ = std::max<uint64_t>(1, opt_.unit_bytes / slot_bytes_);
   uint64_t base = 0;
   for (size_t d = 0; d < opt_.dirs.size(); ++d) {
@@ -209,7 +219,7 @@ void SsdStore::create_file(Drive& dr, uint32_t index) {
   uint8_t* sb = tl_buf.get(kAlign);
   std::memset(sb, 0, kAlign);
   std::memcpy(sb, kSuperMagic, 8);
-  put32(sb + 8, kFormatVersion);
+  put32(sb + 8, opt_.parts == 1 ? kFormatVersion : kPartsFormatVersion);
   put32(sb + 12, static_cast<uint32_t>(kHeaderBytes));
   put64(sb + 16, block_bytes_);
   put64(sb + 24, slot_bytes_);
@@ -222,6 +232,10 @@ void SsdStore::create_file(Drive& dr, uint32_t index) {
   for (int i = 0; i < 16; i += 4) put32(sb + 56 + i, rd());
   put32(sb + 72, index);
   put32(sb + kSuperCrcAt, crc32c(0, sb, kSuperCrcAt));
+  if (opt_.parts != 1) {
+    put32(sb + kSuperPartsAt, opt_.parts);
+    put32(sb + kSuperPartsCrcAt, crc32c(0, sb, kSuperPartsCrcAt));
+  }
   std::memcpy(dr.store_id.data(), sb + 56, 16);
   dr.fd = fd;
   int e = 0;
@@ -262,9 +276,13 @@ void SsdStore::check_superblock(const uint8_t* sb, const Drive& dr, bool know_sl
   if (std::memcmp(sb, kSuperMagic, 8) != 0 || crc32c(0, sb, kSuperCrcAt) != get32(sb + kSuperCrcAt))
     throw std::invalid_argument("dirs: " + dr.path + " is not a saria SSD data file (bad or torn superblock); "
                                 "move it away");
-  if (get32(sb + 8) != kFormatVersion)
-    throw std::invalid_argument("dirs: " + dr.path + " has on-disk format version " + std::to_string(get32(sb + 8)) +
-                                ", this build reads " + std::to_string(kFormatVersion));
+  uint32_t parts = 0;
+  std::string why;
+  if (!superblock_parts(sb, &parts, &why)) throw std::invalid_argument("dirs: " + dr.path + " " + why);
+  if (parts != opt_.parts)
+    throw std::invalid_argument("parts: " + dr.path + " was created with parts=" + std::to_string(parts) +
+                                " (one slot part per tensor-parallel rank), not " + std::to_string(opt_.parts) +
+                                "; open it with the same parts, or give this engine another directory");
   if (get64(sb + 16) != block_bytes_)
     throw std::invalid_argument("block_bytes: " + dr.path + " was created with block_bytes=" +
                                 std::to_string(get64(sb + 16)) + ", not " + std::to_string(block_bytes_));
@@ -395,6 +413,7 @@ void SsdStore::scan_drive(size_t d, std::vector<FoundRecord>* out) {
   Drive& dr = *drives_[d];
   // Header-only scans of big slots read just the first page of each slot.
   bool headers_only = !opt_.full_scan && slot_bytes_ > (64u << 10);
+  const uint32_t parts = opt_.parts;
   uint64_t chunk_slots = headers_only ? 64 : std::max<uint64_t>(unit_slots_, (4ull << 20) / slot_bytes_);
   chunk_slots = std::max<uint64_t>(chunk_slots, 1);
   std::mutex m;
@@ -407,27 +426,28 @@ void SsdStore::scan_drive(size_t d, std::vector<FoundRecord>* out) {
       uint64_t invalid = 0;
       try {
         if (headers_only) {
-          uint8_t* buf = tl_buf.get(kAlign);
+          // the first page of every part
+          uint8_t* buf = tl_buf.get(kAlign * parts);
           for (uint64_t j = 0; j < n; ++j) {
             uint32_t slot = static_cast<uint32_t>(s0 + j);
             int e = 0;
-            size_t got = 0;
-            {
+            bool whole = true;
+            for (uint32_t p = 0; p < parts && whole; ++p) {
               ssize_t r;
-              uint64_t off = kDataOffset + slot * slot_bytes_;
+              uint64_t off = kDataOffset + slot * slot_bytes_ + p * part_stride_;
               do {
-                r = ::pread(dr.fd, buf, kAlign, static_cast<off_t>(off));
+                r = ::pread(dr.fd, buf + p * kAlign, kAlign, static_cast<off_t>(off));
               } while (r < 0 && errno == EINTR);
               if (r < 0) e = errno;
-              else got = static_cast<size_t>(r);
-              dr.recovery_bytes_read += got;
+              else dr.recovery_bytes_read += static_cast<size_t>(r);
+              whole = r == static_cast<ssize_t>(kAlign);
             }
-            if (e || got < kAlign) {
+            if (!whole) {
               io_err = e ? e : EIO;
               dr.read_errors++;
               continue;
             }
-            invalid += find_records(buf, 1, slot, kAlign, block_bytes_, false, &local);
+            invalid += find_records(buf, 1, slot, kAlign * parts, block_bytes_, false, &local, parts, kAlign);
           }
         } else {
           size_t bytes = n * slot_bytes_;
@@ -450,7 +470,7 @@ void SsdStore::scan_drive(size_t d, std::vector<FoundRecord>* out) {
             dr.read_errors++;
           }
           invalid += find_records(buf, got / slot_bytes_, static_cast<uint32_t>(s0), slot_bytes_,
-                                  block_bytes_, true, &local);
+                                  block_bytes_, true, &local, parts);
         }
       } catch (const std::bad_alloc&) {
         io_err = ENOMEM;

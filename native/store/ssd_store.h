@@ -27,11 +27,18 @@
 //   56  u8[16] random store id (informational)
 //   72  u32  drive index given at creation (informational)
 //   76  u32  crc32c of bytes [0, 76)
+// A store of P > 1 parts per slot (tensor parallelism: one part per rank,
+// below) has format version 2 in the superblock and two more fields:
+//   80  u32  P, the number of parts of every slot
+//   84  u32  crc32c of bytes [0, 84)
+// (a build that reads only version 1 refuses it by its version). A one-part
+// store is version 1, byte for byte the original format.
 //
 // A new file is built as `saria-ssd.data.tmp` (fallocate to full size, write
 // and fdatasync the superblock), then renamed into place and the directory
 // fsynced, so a crash during creation never leaves a half-made data file. On
-// open the superblock must verify and match block_bytes and n_slots.
+// open the superblock must verify and match block_bytes, n_slots and P
+// (another P is refused: "parts: ... was created with parts=...").
 //
 // Slot = a 64-byte header, the payload, zero padding up to slot_bytes:
 //   0   u64  magic "SARIASLT"
@@ -46,6 +53,23 @@
 // A slot holds a valid record iff magic, version, payload length, header crc
 // and payload crc all verify. Never-written space reads back as zeros (no
 // magic); a torn or partial write leaves a header or payload whose crc fails.
+//
+// Parts (P > 1). block_bytes must be a multiple of P; part p holds payload
+// bytes [p*B/P, (p+1)*B/P) (B = block_bytes; a DRAM slot is rank-major, so
+// part r is tensor-parallel rank r's pages of every layer). A slot is P
+// parts of part_stride = round_up(64 + B/P, 4096) bytes each, part p at
+// slot offset p*part_stride, every part a 64-byte part header (the slot
+// header above with payload length B/P, the part's own payload crc, and at
+// bytes 8..12 the u32 2 | p << 16 | P << 24 instead of the version; its
+// header crc covers these bytes and the slot index), its payload, zero
+// padding. slot_bytes = P * part_stride. read_part(p) reads part p alone (one
+// O_DIRECT read of part_stride bytes) and verifies its header, crc and key:
+// rank r reads 1/P of the slot. A whole-slot record (recovery, scrub, read)
+// needs all P parts valid with the same key and sequence number; the header
+// crc a journal entry records for it is the crc32c of the P part header
+// crcs. A torn write of several parts leaves a slot whose parts disagree:
+// not a record at recovery, and a miss on read for every rank whose part is
+// not the key's.
 //
 // Handles: global slot handle = drive_base[d] + local slot, where drive_base
 // is the running sum of n_slots over the drives in the order given at open.
@@ -82,7 +106,8 @@
 // slots given back) and marks the drive failed, like a failed slot write.
 //
 // Reads. read() verifies header, payload crc and that the stored key equals
-// the key the caller expects before copying a payload out. On any failure
+// the key the caller expects before copying a payload out (every part of a
+// slot of several; read_part the one part it reads). On any failure
 // (I/O error, crc mismatch, wrong key, bad handle) the block's ok flag is
 // false, a counter is bumped, and its output row is zero-filled: unverified
 // bytes are never returned.
@@ -123,6 +148,8 @@
 namespace saria_store {
 
 constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kPartsFormatVersion = 2;  // superblock of a store of several parts per slot
+constexpr uint32_t kMaxParts = 255;
 constexpr uint64_t kAlign = 4096;
 constexpr uint64_t kHeaderBytes = 64;
 constexpr uint64_t kDataOffset = 4096;
@@ -146,6 +173,7 @@ struct StoreOptions {
   std::vector<std::string> dirs;
   std::vector<uint64_t> capacity_bytes;  // per drive
   uint64_t block_bytes = 0;
+  uint32_t parts = 1;                    // parts per slot (one per tensor-parallel rank)
   int threads = 0;                       // 0: 4 per drive
   uint64_t unit_bytes = 4ull << 20;      // largest single pwrite/pread
   bool durable = false;
@@ -259,6 +287,7 @@ struct Drive {
 struct DriveCheck {
   std::string path;
   uint64_t block_bytes = 0, n_slots = 0;
+  uint32_t parts = 1;
   uint64_t records = 0, empty = 0, bad_headers = 0, bad_payloads = 0, superseded = 0;
   uint64_t bytes_read = 0, read_errors = 0;
   std::string journal;                     // "ok", "missing", or "unusable: why"
@@ -275,6 +304,8 @@ class SsdStore {
   void write(size_t k, const uint8_t* keys, const uint8_t* data, int64_t* handles);
   // ok out: k bytes (1/0); out: k*block_bytes.
   void read(size_t k, const int64_t* handles, const uint8_t* keys, uint8_t* out, uint8_t* ok);
+  // Part `part` of each block: ok out: k bytes; out: k*part_bytes.
+  void read_part(size_t k, const int64_t* handles, const uint8_t* keys, uint32_t part, uint8_t* out, uint8_t* ok);
   // Returns the number of slots actually freed (invalid or already free handles are counted
   // in stats as bad_frees and skipped).
   size_t free(size_t k, const int64_t* handles);
@@ -292,6 +323,8 @@ class SsdStore {
   std::vector<DriveStats> stats();
   uint64_t block_bytes() const { return block_bytes_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
+  uint32_t parts() const { return opt_.parts; }
+  uint64_t part_bytes() const { return block_bytes_ / opt_.parts; }
   uint64_t capacity_slots() const { return total_slots_; }
   uint64_t free_slots();
   uint64_t no_space() const { return no_space_.load(); }
@@ -304,6 +337,12 @@ class SsdStore {
   int threads() const { return nthreads_; }
 
  private:
+  struct ReadReq {
+    uint32_t drive, slot;
+    size_t i;
+  };
+  std::vector<ReadReq> read_requests(size_t k, const int64_t* handles, uint8_t* out, uint64_t row_bytes,
+                                     uint8_t* ok);
   void open_drive(size_t d, uint32_t index);
   void open_reader(Drive& dr);
   void take_ownership(Drive& dr);
@@ -331,7 +370,7 @@ class SsdStore {
   void check_open() const;
 
   StoreOptions opt_;
-  uint64_t block_bytes_ = 0, slot_bytes_ = 0, unit_slots_ = 1, total_slots_ = 0;
+  uint64_t block_bytes_ = 0, slot_bytes_ = 0, part_stride_ = 0, unit_slots_ = 1, total_slots_ = 0;
   std::vector<std::unique_ptr<Drive>> drives_;
   std::unique_ptr<ThreadPool> pool_;
   int nthreads_ = 0;

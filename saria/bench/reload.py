@@ -12,6 +12,12 @@ same run (medians of ``repeat`` interleaved rounds; the machines are shared):
   verified, into a staging buffer, then every layer's pages into place)
   against ``fio`` reading the same bytes in the same I/O size at queue depth
   16 (when fio is installed). Goal: >= 0.9 of fio.
+* **Tensor parallelism** (``tp`` ranks, default 2): the same bytes per block
+  split over ``tp`` ranks (pages of ``page_bytes / tp``), written once to a
+  store of ``tp`` parts per slot; each rank's ``SsdPageReader`` loads its
+  part alone, beside a whole-slot read by each rank of the same blocks
+  (what every rank read before parts): bytes each rank read from the drive
+  (the reader's own counter) and seconds, per rank.
 * **The coordinator**: loads that take a share of their blocks from the SSD
   (0 .. 100%) under ``serial``, ``overlap`` and ``paced``, each measured
   beside what the replay's model (``saria.transfer.reload_time``) predicts
@@ -53,6 +59,7 @@ class ReloadBenchConfig:
     blocks: int = 256                 # per load (256 x 2 MiB = 512 MiB)
     repeat: int = 3
     base: str = "h100-gen5-1ssd"      # the preset the measured figures replace fields of
+    tp: int = 2                       # ranks of the tensor-parallel section (1: skip it)
 
     @property
     def slot_bytes(self) -> int:
@@ -63,6 +70,8 @@ class ReloadBenchConfig:
             raise BenchIoError(f"--page-bytes must be a positive multiple of 512, got {self.page_bytes}")
         if self.layers < 1 or self.blocks < 4 or self.repeat < 1:
             raise BenchIoError("--layers >= 1, --blocks >= 4 and --repeat >= 1 are needed")
+        if self.tp < 1 or self.page_bytes % self.tp:
+            raise BenchIoError(f"--tp must be >= 1 and divide --page-bytes ({self.page_bytes}), got {self.tp}")
 
 
 def run_reload_bench(cfg: ReloadBenchConfig,
@@ -175,6 +184,9 @@ def run_reload_bench(cfg: ReloadBenchConfig,
                               "link_Bps": link, "dram_copy_Bps": med["dram_to_kv"],
                               "ssd_count": 1, "ssd_read_Bps": med["ssd_to_kv"],
                               "ssd_write_Bps": total / write_s, "gds": False}
+        if cfg.tp > 1:
+            say(f"tensor parallelism: {cfg.tp} ranks")
+            result["tensor_parallel"] = _tp_rows(cfg, work, rows, keys, device)
         say("coordinator modes")
         result["coordinator"] = _coordinator_rows(cfg, copier, reader_pages, slots, handles, keys,
                                                   result["hardware"])
@@ -185,6 +197,66 @@ def run_reload_bench(cfg: ReloadBenchConfig,
             store.close()
         pool.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _tp_rows(cfg: ReloadBenchConfig, work: Path, rows: np.ndarray, keys: np.ndarray, device: str) -> dict:
+    """Each rank of a ``cfg.tp``-way engine loads its part of every block from
+    a store of ``tp`` parts per slot, beside a whole-slot read of the same
+    blocks (before parts, every rank read every slot): bytes each rank read
+    from the drive and seconds (medians of ``repeat`` interleaved rounds)."""
+    import torch
+
+    from saria.connector.layout import Geometry
+    from saria.connector.meta import Medium, Transfer
+    from saria.connector.movers import SsdPageReader
+    from saria.connector.pages import KVPages
+    from saria.tiers.ssd import DATA_OFFSET, SsdStore, slot_bytes_for
+
+    n, tp, page = cfg.blocks, cfg.tp, cfg.page_bytes // cfg.tp
+    names = tuple(f"l{i}" for i in range(cfg.layers))
+    d = work / "tp"
+    store = SsdStore([d], DATA_OFFSET + (n + 8) * slot_bytes_for(cfg.slot_bytes, tp), cfg.slot_bytes, parts=tp)
+    try:
+        handles = store.write(keys, rows)
+        if (handles < 0).any():
+            raise BenchIoError("the SSD store could not write the tensor-parallel blocks")
+        ranks = []
+        for r in range(tp):
+            geo = Geometry(16, page, names, tp, r, n, "torch.uint8", "bench", device)
+            kv = {name: torch.zeros(n, page, dtype=torch.uint8, device=device) for name in names}
+            ranks.append((geo, kv, SsdPageReader((str(d),), KVPages(kv, geo), geo),
+                          SsdStore.reader([d], cfg.slot_bytes, parts=tp)))
+        t = Transfer(4, "b", Medium.SSD, Medium.KV, handles.tolist(), list(range(n)), keys.tobytes())
+        part_s: list[list[float]] = [[] for _ in range(tp)]
+        whole_s: list[list[float]] = [[] for _ in range(tp)]
+        part_bytes, whole_bytes = [0] * tp, [0] * tp
+        out = np.empty((n, cfg.slot_bytes), np.uint8)
+        for _ in range(cfg.repeat):
+            for r, (geo, kv, reader, whole) in enumerate(ranks):
+                b0, a = reader.bytes_read, time.perf_counter()
+                ok = reader.load([t])
+                part_s[r].append(time.perf_counter() - a)
+                part_bytes[r] = reader.bytes_read - b0
+                if not ok.all():
+                    raise BenchIoError(f"rank {r}: {int((~ok).sum())} parts failed their read")
+                w0, a = int(whole.stats()["total"]["bytes_read"]), time.perf_counter()
+                whole.read(handles, keys, out)
+                whole_s[r].append(time.perf_counter() - a)
+                whole_bytes[r] = int(whole.stats()["total"]["bytes_read"]) - w0
+        for r, (geo, kv, reader, whole) in enumerate(ranks):  # each rank holds exactly its pages
+            for i, name in enumerate(names):
+                off = r * geo.rank_bytes + i * page
+                if not np.array_equal(kv[name].cpu().numpy(), rows[:, off: off + page]):
+                    raise BenchIoError(f"rank {r}: the pages read from its parts differ from the blocks written")
+            reader.close()
+            whole.close()
+        return {"tp": tp, "blocks": n, "block_bytes": cfg.slot_bytes, "slot_bytes": store.slot_bytes,
+                "bytes_read_per_rank": part_bytes, "whole_slot_bytes_read_per_rank": whole_bytes,
+                "part_s_per_rank": [statistics.median(v) for v in part_s],
+                "whole_slot_s_per_rank": [statistics.median(v) for v in whole_s],
+                "read_traffic_ratio": sum(part_bytes) / sum(whole_bytes)}
+    finally:
+        store.close()
 
 
 def _ratios(med: dict, have_fio: bool) -> dict:

@@ -37,6 +37,9 @@ def add_reload_parser(bench_subparsers: argparse._SubParsersAction) -> argparse.
     p.add_argument("--blocks", type=int, default=256, metavar="N",
                    help="blocks per load (default 256)")
     p.add_argument("--repeat", type=int, default=3, metavar="N", help="rounds (default 3)")
+    p.add_argument("--tp", type=int, default=2, metavar="N",
+                   help="ranks of the tensor-parallel section: each reads its part of a block "
+                        "(default 2; 1 skips it)")
     p.add_argument("--base", default="h100-gen5-1ssd", metavar="HARDWARE",
                    help="preset whose other fields the measured preset keeps")
     p.set_defaults(func=run_reload)
@@ -54,7 +57,7 @@ def run_reload(args: argparse.Namespace) -> int:
     cfg = ReloadBenchConfig(dir=args.dir, page_bytes=int(parse_size(args.page_bytes,
                                                                     name="--page-bytes")),
                             layers=args.layers, blocks=args.blocks, repeat=args.repeat,
-                            base=args.base)
+                            base=args.base, tp=args.tp)
     err = Console(stderr=True)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=err, transient=True) as bar:
@@ -86,6 +89,16 @@ def run_reload(args: argparse.Namespace) -> int:
                                     f"{by[(share, m)]['model_s']:.3f}"
                                     for m in ("serial", "overlap", "paced")))
     Console().print(c)
+    tpr = res.get("tensor_parallel")
+    if tpr:
+        p = Table(title=f"tensor parallelism: {tpr['tp']} ranks, {tpr['blocks']} blocks, SSD bytes read per rank")
+        for col in ("rank", "own part: MiB", "s", "whole slots: MiB", "s"):
+            p.add_column(col, justify="right")
+        for r in range(tpr["tp"]):
+            p.add_row(str(r), f"{tpr['bytes_read_per_rank'][r] / 2**20:.1f}", f"{tpr['part_s_per_rank'][r]:.3f}",
+                      f"{tpr['whole_slot_bytes_read_per_rank'][r] / 2**20:.1f}",
+                      f"{tpr['whole_slot_s_per_rank'][r]:.3f}")
+        Console().print(p)
     if args.json is not None:
         args.json.write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     return 0

@@ -133,7 +133,7 @@ class StepLoad:
             ok = np.zeros(n, bool)
         end = time.perf_counter()
         c = self.coord
-        n_bytes = n * c.copier.geo.slot_bytes
+        n_bytes = n * c.reader.row_bytes  # this rank's part of each block (the whole block at TP 1)
         c.totals["ssd_bytes"] += n_bytes
         c.totals["ssd_us"] += int((end - self.read_start) * 1e6)
         if c.mode == "serial" or not any(self.futures.values()):

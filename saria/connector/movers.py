@@ -8,7 +8,9 @@
   (``ComputeOrder``): a store never reads a page before the layer wrote it.
 * ``SSD -> KV`` (``SsdPageReader``): the worker opens the store's drive files
   read-only (O_DIRECT, through the native store, which verifies the header,
-  the key and both checksums) and reads whole blocks, in chunks, into two
+  the key and both checksums) and reads its blocks (with tensor parallelism
+  only this rank's part of each: the store keeps one part per rank in every
+  slot, each with its own header and crc), in chunks, into two
   aligned staging buffers on a background thread; while one chunk is read
   the previous one's pages of every layer go into the KV cache, so the copy
   hides behind the drive. A block that fails its read is reported (vLLM
@@ -109,27 +111,39 @@ class PageCopier:
 
 
 class SsdPageReader:
-    """SSD -> KV: whole blocks read (verified) in chunks into two staging
-    buffers; while one chunk is read, the previous one's pages of every layer
-    go into the KV cache, so the copy hides behind the drive."""
+    """SSD -> KV: blocks read (verified) in chunks into two staging buffers;
+    while one chunk is read, the previous one's pages of every layer go into
+    the KV cache, so the copy hides behind the drive. With ``tp_size > 1``
+    the rank reads only its part of each block (``SsdStore.read_part``):
+    ``rank_bytes`` of payload, not ``slot_bytes``; ``bytes_read`` counts what
+    this rank read from the drives."""
 
     def __init__(self, dirs: tuple[str, ...], pages: KVPages, geo: Geometry,
                  chunk_bytes: int = 32 << 20) -> None:
         self.dirs = dirs
         self.pages = pages
         self.geo = geo
-        self.base = geo.tp_rank * geo.rank_bytes
-        self.chunk = max(1, chunk_bytes // geo.slot_bytes)
+        self.parted = geo.tp_size > 1
+        # the staging rows: this rank's part of a block, or the whole block
+        row = self.row_bytes = geo.rank_bytes if self.parted else geo.slot_bytes
+        self.base = 0 if self.parted else geo.tp_rank * geo.rank_bytes
+        self.chunk = max(1, chunk_bytes // row)
         self._store = None
-        self._bufs = [_aligned_rows(self.chunk, geo.slot_bytes) for _ in range(2)]
+        self._bufs = [_aligned_rows(self.chunk, row) for _ in range(2)]
         self._reads = ThreadPoolExecutor(1, thread_name_prefix="saria-ssd-chunk")
 
     def _reader(self):
         if self._store is None:  # the owner made the files before any block was written
             from saria.tiers.ssd import SsdStore
 
-            self._store = SsdStore.reader(list(self.dirs), self.geo.slot_bytes)
+            self._store = SsdStore.reader(list(self.dirs), self.geo.slot_bytes, parts=self.geo.tp_size)
         return self._store
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes this rank's reader read from the drives (headers and padding
+        included), since it opened."""
+        return 0 if self._store is None else int(self._store.stats()["total"]["bytes_read"])
 
     def load(self, transfers: list[Transfer], timeline=None) -> np.ndarray:
         """Reads every block of `transfers` and puts each good block's pages
@@ -147,7 +161,11 @@ class SsdPageReader:
         def read(k: int):
             a = time.perf_counter()
             rows = self._bufs[k % 2][: min(c, n - k * c)]
-            good = store.read(handles[k * c:(k + 1) * c], keys[k * c:(k + 1) * c], rows)
+            if self.parted:
+                good = store.read_part(handles[k * c:(k + 1) * c], keys[k * c:(k + 1) * c],
+                                       self.geo.tp_rank, rows)
+            else:
+                good = store.read(handles[k * c:(k + 1) * c], keys[k * c:(k + 1) * c], rows)
             if timeline is not None:
                 timeline.append((a, time.perf_counter(), "ssd", rows.nbytes))
             return rows, good

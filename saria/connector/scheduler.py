@@ -160,6 +160,7 @@ class SariaScheduler:
                 write_queue=cfg.write_queue, events=cfg.events,
                 shared_pool=path, max_blocks=_max_blocks(cfg, geo),
                 staging_slots=staging, dwpd=cfg.dwpd,
+                ssd_parts=geo.tp_size,  # each rank's worker reads its part of a block alone
                 pin=False))  # only the workers' mappings need page-locking (for DMA)
         except BaseException as e:
             # the engine will not start: the pool file the workers made must not outlive it

@@ -48,6 +48,8 @@ HELP = {
     "load_ssd_us": "microseconds the workers' SSD reads of loads took",
     "load_us": "microseconds from the start of a step's loads to its last layer in place",
     "ssd_read_failures_worker": "SSD blocks a worker read that failed verification",
+    "ssd_drive_bytes_read": "bytes the workers' SSD readers read from the drives (each rank only "
+                            "its part of a block; headers and padding included)",
     "bytes_stored": "bytes the workers copied from the KV cache into the pool",
 }
 

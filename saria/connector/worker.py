@@ -197,6 +197,8 @@ class SariaWorker:
             now.update(bytes_loaded_dram=t["dram_bytes"], bytes_loaded_ssd=t["ssd_bytes"],
                        load_dram_us=t["dram_us"], load_ssd_us=t["ssd_us"], load_us=t["load_us"],
                        ssd_read_failures_worker=t["ssd_blocks_failed"])
+            if c.reader is not None:
+                now["ssd_drive_bytes_read"] = c.reader.bytes_read  # this rank's, headers included
         return self._deltas.take(now)
 
     # --------------------------------------------------------------- helpers

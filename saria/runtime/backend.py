@@ -93,7 +93,7 @@ class TierBackend(Backend):
                  ssd_bytes: int = 0, state_units: int = 0, write_mode: str = "async",
                  write_queue: int = 256, pin: bool | None = None, shared_pool: str | None = None,
                  staging_slots: int = 0, write_behind: int | None = None,
-                 scrub_bytes_per_s: float = 0.0,
+                 scrub_bytes_per_s: float = 0.0, ssd_parts: int = 1,
                  lock: threading.RLock) -> None:
         self.block_bytes = block_bytes
         self.state_units = state_units
@@ -108,7 +108,7 @@ class TierBackend(Backend):
         if ssd_dirs and ssd_bytes > 0:
             from saria.tiers.ssd import SsdStore
 
-            self.ssd = SsdStore(list(ssd_dirs), ssd_bytes, block_bytes)
+            self.ssd = SsdStore(list(ssd_dirs), ssd_bytes, block_bytes, parts=ssd_parts)
         self._lock = lock
         self.asynchronous = self.ssd is not None and write_mode in ("async", "manual")
         # Victims readable while their write is queued: a 16th of the pool by

@@ -76,6 +76,9 @@ class CacheConfig:
     # Background scrub of the SSD (bytes per second; 0: off): blocks that no
     # longer verify leave the index (every load verifies anyway).
     ssd_scrub_bytes_per_s: float = 0.0
+    # Parts per SSD slot (one per tensor-parallel rank: rank r reads only
+    # part r of a block; block_bytes must be a multiple of it).
+    ssd_parts: int = 1
 
     def __post_init__(self) -> None:
         if self.block_bytes <= 0:
@@ -92,6 +95,9 @@ class CacheConfig:
             raise ConfigError("write_queue", "must be at least 1")
         if self.state_bytes < 0:
             raise ConfigError("state_bytes", f"must not be negative, got {self.state_bytes}")
+        if self.ssd_parts < 1 or self.block_bytes % self.ssd_parts:
+            raise ConfigError("ssd_parts", f"must be >= 1 and divide block_bytes={self.block_bytes}, "
+                              f"got {self.ssd_parts}")
         if not self.ssd_scrub_bytes_per_s >= 0:
             raise ConfigError("ssd_scrub_bytes_per_s", f"must be >= 0, got {self.ssd_scrub_bytes_per_s}")
 
@@ -129,7 +135,7 @@ class TieredCache:
             write_queue=config.write_queue, pin=config.pin, shared_pool=config.shared_pool,
             staging_slots=config.staging_slots, write_behind=config.write_behind,
             scrub_bytes_per_s=config.ssd_scrub_bytes_per_s if writes else 0.0,
-            lock=self._lock)
+            ssd_parts=config.ssd_parts, lock=self._lock)
         self.backend.on_scrub_bad = self._drop_scrubbed
         index = RadixIndex(config.max_blocks, hybrid=config.state_bytes > 0,
                            clock=clock or wall_clock)

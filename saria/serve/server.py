@@ -285,6 +285,9 @@ class CacheServer:
         slot_bytes = layout["slot_bytes"]
         if not isinstance(slot_bytes, int) or isinstance(slot_bytes, bool) or slot_bytes <= 0:
             raise P.ProtocolError("layout 'slot_bytes' must be a positive integer")
+        tp = layout["tp_size"]
+        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or slot_bytes % tp:
+            raise P.ProtocolError("layout 'tp_size' must be a positive integer dividing 'slot_bytes'")
         ns = namespace_of(layout)
         cache = self.caches.get(ns) or self._open(ns, slot_bytes, layout)
         sid = secrets.token_hex(12)
@@ -328,7 +331,8 @@ class CacheServer:
                 admission=self.cfg.admission, promotion=self.cfg.promotion, dwpd=self.cfg.dwpd,
                 shared_pool=pool, staging_slots=staging, pin=self.cfg.pin,
                 events=self.publisher is not None,
-                ssd_scrub_bytes_per_s=self.cfg.scrub_bytes_per_s))
+                ssd_scrub_bytes_per_s=self.cfg.scrub_bytes_per_s,
+                ssd_parts=layout["tp_size"]))  # each rank's worker reads its part of a block
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pool)

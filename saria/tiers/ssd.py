@@ -77,6 +77,19 @@ Each drive directory holds one file, ``saria-ssd.data``, of
   bytes [0, 60) followed by the slot index ``i`` as u32, stored u32 @60.
   A slot holds a record iff magic, version, length and both crcs verify;
   never-written space is zeros; a torn write fails a crc.
+* Parts (``parts=P > 1``, one per tensor-parallel rank): block_bytes splits
+  into P equal parts; a slot is P parts of
+  ``part_stride = round_up(64 + block_bytes / P, 4096)`` bytes, part ``p`` at
+  slot offset ``p * part_stride``, each a 64-byte part header (the header
+  above with payload length ``block_bytes / P``, the part's own payload crc,
+  and ``2 | p << 16 | P << 24`` instead of the version at @8), its payload
+  bytes ``[p*B/P, (p+1)*B/P)``, zero padding. ``read_part(p)`` reads and
+  verifies part ``p`` alone (one O_DIRECT read). The superblock of such a
+  store has version 2, P u32 @80 and crc32c of [0, 84) u32 @84; a reopen
+  with another P is refused. ``parts=1`` is the original format byte for
+  byte. A whole-slot record (recovery, ``read``, scrub) needs every part
+  valid with one key and sequence number: a torn multi-part write is no
+  record at restart and a miss for every rank whose part is not the key's.
 * Handles: ``handle = drive_base[d] + i`` with ``drive_base`` the running sum
   of the drives' slot counts in the order ``dirs`` lists them (< 2**32).
 * Sequence numbers increase per store; a reopened store continues from one
@@ -182,9 +195,9 @@ def check_drive(dir: str | os.PathLike, *, direct: bool = True) -> dict[str, Any
         raise ConfigError("dir", e.strerror or str(e)) from None
 
 
-def slot_bytes_for(block_bytes: int) -> int:
+def slot_bytes_for(block_bytes: int, parts: int = 1) -> int:
     """Bytes one block occupies on disk: 64-byte header + payload, rounded up to 4096."""
-    return -(-(HEADER_BYTES + int(block_bytes)) // ALIGN) * ALIGN
+    return int(parts) * (-(-(HEADER_BYTES + int(block_bytes) // int(parts)) // ALIGN) * ALIGN)
 
 
 def _native_call(fn, *args, **kw):
@@ -221,6 +234,9 @@ class SsdStore:
     capacity_bytes: the size of each drive's data file (an int for all, or one
         per drive); the slot count is ``(capacity_bytes - 4096) // slot_bytes``.
     block_bytes: payload bytes of every block (fixed per store).
+    parts: parts per slot (fixed per store; one per tensor-parallel rank, so
+        that rank r reads only its part with ``read_part``); block_bytes must
+        be a multiple of it.
     threads: I/O threads (0: 4 per drive).
     unit_bytes: the largest single pwrite/pread (default 4 MiB).
     durable: fdatasync after every write call.
@@ -267,6 +283,7 @@ class SsdStore:
         read_only: bool = False,
         journal: bool = True,
         journal_compact_entries: int = 0,
+        parts: int = 1,
     ) -> None:
         if isinstance(dirs, (str, os.PathLike)):
             dirs = [dirs]
@@ -297,6 +314,11 @@ class SsdStore:
         block_bytes = _as_int("block_bytes", block_bytes, 1)
         if block_bytes > 1 << 30:
             raise ConfigError("block_bytes", f"must be at most 2**30, got {block_bytes}")
+        parts = _as_int("parts", parts, 1)
+        if parts > 255:
+            raise ConfigError("parts", f"must be at most 255, got {parts}")
+        if block_bytes % parts:
+            raise ConfigError("parts", f"block_bytes={block_bytes} does not split into {parts} equal parts")
         threads = _as_int("threads", threads, 0)
         unit_bytes = _as_int("unit_bytes", unit_bytes, ALIGN)
         if verify_on_open not in ("journal", "full", "header"):
@@ -321,9 +343,12 @@ class SsdStore:
             journal=bool(journal),
             open_from_journal=verify_on_open == "journal",
             journal_compact_entries=journal_compact_entries,
+            parts=parts,
         )
         self.block_bytes: int = block_bytes
         self.slot_bytes: int = int(self._s.slot_bytes)
+        self.parts: int = parts
+        self.part_bytes: int = block_bytes // parts
         bases = [0]
         for st in self._s.stats()["drives"]:
             bases.append(bases[-1] + int(st["capacity_slots"]))
@@ -338,10 +363,10 @@ class SsdStore:
 
     @classmethod
     def reader(cls, dirs: str | os.PathLike | Sequence[str | os.PathLike], block_bytes: int, *,
-               threads: int = 0, direct: bool = True) -> "SsdStore":
+               threads: int = 0, direct: bool = True, parts: int = 1) -> "SsdStore":
         """A read-only view of an existing store (the drives of another
         process's store, say): O_DIRECT reads verified like the owner's."""
-        return cls(dirs, 0, block_bytes, threads=threads, direct=direct, read_only=True)
+        return cls(dirs, 0, block_bytes, threads=threads, direct=direct, read_only=True, parts=parts)
 
     @property
     def read_only(self) -> bool:
@@ -454,6 +479,10 @@ class SsdStore:
         Returns (k,) bool: True where the block verified (header, crc32c, key).
         Rows that fail are zero-filled, never left with unverified bytes.
         """
+        h, kk = self._read_args(handles, keys, out, self.block_bytes)
+        return _native_call(self._s.read, h, kk, out)
+
+    def _read_args(self, handles: Any, keys: Any, out: np.ndarray, row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
         self._check()
         h = self._handles(handles)
         kk = self._keys(keys)
@@ -461,11 +490,22 @@ class SsdStore:
             raise ConfigError("out", "must be a C-contiguous uint8 numpy array")
         if not out.flags.writeable:
             raise ConfigError("out", "must be writable")
-        if out.shape != (h.shape[0], self.block_bytes):
-            raise ConfigError("out", f"must have shape ({h.shape[0]}, {self.block_bytes}), got {out.shape}")
+        if out.shape != (h.shape[0], row_bytes):
+            raise ConfigError("out", f"must have shape ({h.shape[0]}, {row_bytes}), got {out.shape}")
         if kk.shape[0] != h.shape[0]:
             raise ConfigError("keys", f"{kk.shape[0]} keys for {h.shape[0]} handles")
-        return _native_call(self._s.read, h, kk, out)
+        return h, kk
+
+    def read_part(self, handles: Any, keys: Any, part: int, out: np.ndarray) -> np.ndarray:
+        """Read part `part` of each block into ``out`` ((k, part_bytes) uint8,
+        C-contiguous, writable): one O_DIRECT read of that part per block,
+        its header, crc and key verified. Returns the per-block ok mask; a
+        row that fails is zero-filled."""
+        part = _as_int("part", part, 0)
+        if part >= self.parts:
+            raise ConfigError("part", f"must be in [0, {self.parts}), got {part}")
+        h, kk = self._read_args(handles, keys, out, self.part_bytes)
+        return _native_call(self._s.read_part, h, kk, part, out)
 
     def load(self, handles: Any, keys: Any) -> tuple[np.ndarray, np.ndarray]:
         """Like read() into a new array: returns (data, ok)."""
@@ -577,6 +617,8 @@ class SsdStore:
             "next_seq": int(s["next_seq"]),
             "block_bytes": self.block_bytes,
             "slot_bytes": self.slot_bytes,
+            "parts": self.parts,
+            "part_bytes": self.part_bytes,
         }
 
     # -- lifetime -----------------------------------------------------------------
