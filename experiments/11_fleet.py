@@ -100,20 +100,26 @@ def main() -> None:
             summary["best"][f"{n}/{cl}"] = min(rs, key=lambda r: r["ttft_mean_s"])["routing"]
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1))
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.6), sharex=True)
     colors = dict(zip(ROUTINGS, ("#8c8c8c", "#4c72b0", "#dd8452", "#55a868")))
-    for ax, cl in zip(axes, ("islands", "shared")):
-        for routing in ROUTINGS:
-            rs = [r for r in rows if r["cluster"] == cl and (r["routing"] == routing
-                                                             or r["nodes"] == 1)]
-            ax.plot([r["nodes"] for r in rs], [r["ttft_mean_s"] for r in rs], "o-",
-                    color=colors[routing], label=routing)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(counts, [str(c) for c in counts])
-        ax.set_xlabel("nodes")
-        ax.set_ylabel("mean TTFT (s)")
-        ax.set_title("islands" if cl == "islands" else "shared cluster tier", fontsize=9)
-        ax.legend(fontsize=7)
+    for col, cl in enumerate(("islands", "shared")):
+        for row, (key, scale, label) in enumerate((("ttft_mean_s", 1.0, "mean TTFT (s)"),
+                                                   ("ssd_bytes_written", 1e-12,
+                                                    "fleet SSD written (TB)"))):
+            ax = axes[row][col]
+            for routing in ROUTINGS:
+                rs = [r for r in rows if r["cluster"] == cl and (r["routing"] == routing
+                                                                 or r["nodes"] == 1)]
+                ax.plot([r["nodes"] for r in rs], [r[key] * scale for r in rs], "o-",
+                        color=colors[routing], label=routing)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(counts, [str(c) for c in counts])
+            ax.set_ylabel(label)
+            if row == 0:
+                ax.set_title("islands" if cl == "islands" else "shared cluster tier", fontsize=9)
+                ax.legend(fontsize=7)
+            else:
+                ax.set_xlabel("nodes")
     png = C.save_figure(fig, f"WEKA, {args.per_node} sessions per node, {args.model}: "
                         "routing x cluster tier", args.out / "fleet.png")
     C.done(t_start, [args.out / "results.csv", args.out / "summary.json", png])
