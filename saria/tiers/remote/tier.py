@@ -358,6 +358,20 @@ class RemoteTier:
             self._remember(keys[held], True)
         return PutResult(stored, skipped, failed, _Settle(tickets))
 
+    def _buffers(self, rows, zero_copy: bool, user, idx, addr: int, stride: int):
+        """Where a chunk's payloads and headers live: the caller's registered
+        rows `user[idx]` (zero copy) or this tier's staging rows `rows`; the
+        headers are always this tier's. Returns (payload array, its row
+        indices, payload addresses, header addresses)."""
+        if zero_copy:
+            payload, p_idx = user, idx
+            p_addrs = [addr + int(i) * stride for i in idx]
+        else:
+            payload, p_idx = self._stage, rows
+            p_addrs = [self._stage.ctypes.data + int(r) * self.block_bytes for r in rows]
+        h_addrs = [self._heads.ctypes.data + int(r) * HEADER_BYTES for r in rows]
+        return payload, p_idx, p_addrs, h_addrs
+
     def _put_chunk(self, keys, src, idx, s_addr, s_stride, zero_copy, skip_existing,
                    stored, skipped, failed) -> Ticket | None:
         m = len(keys)
@@ -366,13 +380,8 @@ class RemoteTier:
             failed[:] = True
             self.stats.add(no_rows=m)
             return None
-        if zero_copy:
-            payload, p_idx = src, idx
-            p_addrs = [s_addr + int(i) * s_stride for i in idx]
-        else:
-            payload, p_idx = self._stage, rows
-            p_addrs = [self._stage.ctypes.data + int(r) * self.block_bytes for r in rows]
-        h_addrs = [self._heads.ctypes.data + int(r) * HEADER_BYTES for r in rows]
+        payload, p_idx, p_addrs, h_addrs = self._buffers(rows, zero_copy, src, idx, s_addr,
+                                                         s_stride)
         names = self._names(keys)
         sizes = [HEADER_BYTES, self.block_bytes]
         store = self._store
@@ -451,13 +460,8 @@ class RemoteTier:
         if rows is None:
             self.stats.add(no_rows=m)
             return None
-        if zero_copy:
-            payload, p_idx = dst, idx
-            p_addrs = [d_addr + int(i) * d_stride for i in idx]
-        else:
-            payload, p_idx = self._stage, rows
-            p_addrs = [self._stage.ctypes.data + int(r) * self.block_bytes for r in rows]
-        h_addrs = [self._heads.ctypes.data + int(r) * HEADER_BYTES for r in rows]
+        payload, p_idx, p_addrs, h_addrs = self._buffers(rows, zero_copy, dst, idx, d_addr,
+                                                         d_stride)
         names = self._names(keys)
         sizes = [HEADER_BYTES, self.block_bytes]
         store = self._store
