@@ -65,7 +65,8 @@ class DecayedHistogram:
         tail = np.append(np.cumsum(self.counts[::-1])[::-1], 0.0)
         want = share * total
         b = int(np.searchsorted(-tail, -want, side="right")) - 1  # tail[b] >= want > tail[b+1]
-        b = max(b, 0)
+        # a want that underflows to 0 (share ~ 5e-324) would land past the last bin
+        b = min(max(b, 0), self.counts.shape[0] - 1)
         hi = float(self.edges[b + 1]) if b + 1 < self.edges.shape[0] else math.inf
         inside = self.counts[b]
         p = (want - tail[b + 1]) / inside if inside > 0 else 0.0
