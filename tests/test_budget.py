@@ -256,7 +256,7 @@ def test_the_guarantee_over_every_window(batches):
     of length T more than the rating over T plus a day (brute force over all
     windows, and the replay's write_excess_h agrees), already-persisted
     blocks are never admitted, the state's figures are consistent."""
-    from saria.sim.report import write_excess_h
+    from saria.sim.report import write_day_peak, write_excess_h
 
     p = _budget(units=864, returns=_gaps())  # 0.01 unit/s: 864 units a day
     now, log = 0.0, []
@@ -278,15 +278,17 @@ def test_the_guarantee_over_every_window(batches):
     t = np.array([0.0] + [x[0] for x in log])
     w = np.array([0] + [x[1] for x in log])
     day = p.rate * DAY
-    excess = 0.0
+    excess = peak = 0.0
     for i in range(len(t)):
         for j in range(i, len(t)):
             written = w[i:j + 1].sum()
             if t[j] - t[i] < DAY:
                 assert written <= day + 1e-9
+                peak = max(peak, written)
             assert written <= p.rate * (t[j] - t[i]) + day + 1e-9
             excess = max(excess, written - p.rate * (t[j] - t[i]))
     assert write_excess_h(log, p.rate, 0.0) * 3600 * p.rate == pytest.approx(excess, abs=1e-6)
+    assert write_day_peak(log, p.rate) * day == pytest.approx(peak, abs=1e-6)
     s = p.state(now)
     assert s["spent_units"] == p.spent == w.sum() and 0.0 <= s["level"] <= 1.0
 
