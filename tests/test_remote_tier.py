@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(_WHY is not None, reason=_WHY or "")
 HERE = Path(__file__).resolve().parent
 BLOCK = 64 << 10
 sys.path.insert(0, str(HERE))
-from remote_node_child import blocks  # noqa: E402
+from remote_node_child import blocks, wait_closed  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -185,10 +185,7 @@ def test_master_killed_breaker_opens_then_restart_resumes():
             assert t.snapshot()["counters"].get("lookup_down", 0) >= 1
             m.start()
             deadline = time.monotonic() + 30
-            while t.guard.state != BreakerState.CLOSED and time.monotonic() < deadline:
-                t.exists(keys)  # the probe, once the cooldown is over
-                time.sleep(0.2)
-            assert t.guard.state == BreakerState.CLOSED
+            assert wait_closed(t.guard, lambda: t.exists(keys), 30)
             assert not t.exists(keys).any()  # the restarted master lost them: misses
             assert not t.get(keys, out).ok.any()
             while time.monotonic() < deadline:  # the client remounts its segment

@@ -102,6 +102,37 @@ class Backend:
         found after a restart that nobody asked for); returns units freed."""
         return 0
 
+    # The cluster tier (``saria.core.remote``): a backend with ``remote`` set
+    # answers lookups by key, copies DRAM rows for a put and publishes off the
+    # caller's path, reporting each put to the core's ``complete_publish``
+    # (under the cache's lock). Slots are never allocated in it.
+
+    #: a cluster tier lies below this node
+    remote: bool = False
+
+    def bind_remote(self, on_published: Callable) -> None:
+        """Called once by the core when ``remote``: where finished puts go."""
+        self._on_published = on_published
+
+    def remote_exists(self, keys: np.ndarray) -> np.ndarray:
+        """(n,) bool: the cluster holds the block (bounded; a failure is all misses)."""
+        return np.zeros(keys.shape[0], bool)
+
+    def remote_down(self) -> bool:
+        """The cluster is marked down (its breaker is open)."""
+        return False
+
+    def remote_forget(self, keys: np.ndarray) -> None:
+        """Cached lookup answers for `keys` are stale (a fetch found them gone)."""
+
+    def copy_rows(self, slots: np.ndarray) -> np.ndarray | None:
+        """The bytes of DRAM `slots`, copied (None: the backend needs no bytes)."""
+        return None
+
+    def publish(self, job) -> bool:
+        """Queues a put (``saria.core.remote.RemotePut``); False: refused, nothing sent."""
+        return False
+
 
 class CountingBackend(Backend):
     """The replay's backend: capacities and use counts, no bytes. Writes
