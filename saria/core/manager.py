@@ -193,7 +193,7 @@ class CacheManager:
             self._drop_failed(spec, failed)
         dram, ssd = spec.hits(served)
         if spec.remote.size:  # fetched from the cluster: DRAM copies now, counted apart
-            remote = int(np.count_nonzero((spec.remote >= spec.start) & (spec.remote < served)))
+            remote = spec.remote_hits(served)
             self.stats.remote_hit_blocks += remote
             dram -= remote
         self.stats.hit_blocks["DRAM"] += dram

@@ -54,6 +54,11 @@ class LoadSpec:
         ssd = int(np.count_nonzero(self.tiers[self.start:served] == Tier.SSD))
         return max(0, served - self.start) - ssd, ssd
 
+    def remote_hits(self, served: int) -> int:
+        """Of the DRAM blocks of ``hits(served)``, those fetched from the cluster tier."""
+        r = self.remote
+        return int(np.count_nonzero((r >= self.start) & (r < served))) if r.size else 0
+
 
 @dataclass(slots=True)
 class StoreSpec:

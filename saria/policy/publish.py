@@ -6,7 +6,9 @@ at two moments, with the blocks' history (the index's counters, this
 request or this eviction counted):
 
 * ``on_access``: DRAM residents a request referenced. A block that proved
-  reuse (``reuse >= min_reuse``) is worth a copy another node can find.
+  reuse (``reuse >= min_reuse``: the index's reuse counts the requests that
+  came back to a block after it was stored, so 1 is its first return) is
+  worth a copy another node can find.
 * ``on_evict``: DRAM victims. A victim with history (it proved reuse, or it
   has left DRAM before) is published before its slot is freed, so the fleet
   keeps it when this node lets go.
@@ -29,7 +31,7 @@ import numpy as np
 class PublishPolicy:
     """Masks, like the admission policies (see the module docstring)."""
 
-    min_reuse: int = 2            # accesses before a block counts as reused
+    min_reuse: int = 1            # requests that came back to a block after it was stored
     accessed: bool = True         # publish reused DRAM residents a request referenced
     victims: bool = True          # publish DRAM victims with history before they leave
     keep_local_hits: int = 4      # a victim the cluster holds keeps its SSD copy at this many hits

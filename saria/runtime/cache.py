@@ -326,7 +326,7 @@ class TieredCache:
         served = self.complete_load(spec, failed)
         ssd = spec.positions(SSD)
         ssd = ssd[ssd < served]
-        remote = int(np.count_nonzero((spec.remote >= spec.start) & (spec.remote < served)))
+        remote = spec.remote_hits(served)
         return LoadResult(served, served - ssd.size - remote, int(ssd.size), int(failed.size), ssd,
                           remote)
 
