@@ -178,7 +178,7 @@ class TierBackend(Backend):
             self._scrubber = threading.Thread(target=self._scrub_loop, name="saria-ssd-scrub",
                                               daemon=True)
             self._scrubber.start()
-        self._start_remote(remote, publish_queue, manual=write_mode == "manual")
+        self._start_remote(remote, publish_queue, mode=write_mode)
 
     # ---------------------------------------------------------- Backend API
 
@@ -294,7 +294,7 @@ class TierBackend(Backend):
 
     # ------------------------------------------------------ the cluster tier
 
-    def _start_remote(self, remote, publish_queue: int, *, manual: bool) -> None:
+    def _start_remote(self, remote, publish_queue: int, *, mode: str) -> None:
         self.remote_tier = remote
         self.remote = remote is not None
         self._fetching: dict[int, int] = {}   # DRAM slot -> gets that may still write it
@@ -302,6 +302,7 @@ class TierBackend(Backend):
         self._settled: collections.deque = collections.deque()  # from GetResult.then
         self._publish_q: queue.Queue | None = None
         self._publisher: threading.Thread | None = None
+        self._publish_inline = mode == "sync"  # as SSD writes: in the call (the real-mode replay)
         if remote is None:
             return
         if remote.block_bytes != self.block_bytes:
@@ -309,7 +310,7 @@ class TierBackend(Backend):
                              f"DRAM slots {self.block_bytes} B")
         remote.register(self.pool.array)
         self._publish_q = queue.Queue(publish_queue)
-        if not manual:  # "manual": the caller runs them (run_publishes), as it lands SSD writes
+        if mode == "async":  # "manual": the caller runs them (run_publishes), as it lands SSD writes
             self._publisher = threading.Thread(target=_serve_queue, name="saria-remote-put",
                                                args=(self._publish_q, self._publish_one),
                                                daemon=True)
@@ -329,6 +330,9 @@ class TierBackend(Backend):
         return self.pool.gather(np.asarray(slots, np.int64), rows)
 
     def publish(self, job) -> bool:
+        if self._publish_inline:
+            self._on_published(job, self._put(job))
+            return True
         try:
             self._publish_q.put_nowait(job)
         except queue.Full:
@@ -379,15 +383,19 @@ class TierBackend(Backend):
 
     def _publish_one(self, job) -> None:
         try:
-            held = np.zeros(job.keys.shape[0], bool)
-            try:  # outside the cache's lock; bounded by the tier's deadline
-                held = self.remote_tier.put(job.keys, job.rows).held
-            except Exception:  # noqa: BLE001 -- a failed put, never a dead publisher
-                log.exception("saria: remote put of %d blocks failed", job.keys.shape[0])
+            held = self._put(job)  # outside the cache's lock
             with self._lock:
                 self._on_published(job, held)
         finally:
             self._publish_q.task_done()
+
+    def _put(self, job) -> np.ndarray:
+        """One put, bounded by the tier's deadline; (n,) bool: the cluster holds it."""
+        try:
+            return self.remote_tier.put(job.keys, job.rows).held
+        except Exception:  # noqa: BLE001 -- a failed put, never a dead publisher
+            log.exception("saria: remote put of %d blocks failed", job.keys.shape[0])
+            return np.zeros(job.keys.shape[0], bool)
 
     def gauges(self) -> dict[str, float]:
         """Occupancy of the tiers, for metrics."""
