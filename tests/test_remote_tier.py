@@ -215,6 +215,7 @@ def test_saria_bench_remote_runs_and_refuses_bad_arguments(tmp_path):
     (case,) = d["sizes"]
     assert case["object_bytes"] == 64 << 10 and len(case["raw_get_runs_GBps"]) == 2
     assert case["put_ratio"] > 0 and d["lookup"]["saria_p50_us"] > 0
+    assert d["core"][0]["object_bytes"] == 64 << 10 and d["core"][0]["core_paired_ratio"] > 0
     r = subprocess.run([saria, "bench", "remote", "--sizes", "1KiB"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip().endswith("give object sizes of at least 4 KiB")
