@@ -7,6 +7,7 @@ hit, the rest is computed: no engine error, the same output)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -75,3 +76,29 @@ def test_engine_b_on_another_node_is_served_from_the_cluster(model, want, want_l
         finally:
             assert srv_b.stop() == 0
             assert srv_a.stop() == 0
+
+
+def test_in_process_caches_with_the_remote_key_share_a_prefix(model, want, tmp_path):  # noqa: F811
+    """The connector's ``remote`` key (no ``saria serve``): two engines with
+    their own in-process caches, one master and a node that lends the
+    cluster's memory. Engine B's first request for the prefix engine A
+    computed and reused is served from the cluster, the output unchanged."""
+    from saria.tiers.remote.holder import start_holder
+
+    client_env()
+    with MooncakeMaster() as master:
+        holder = start_holder(master.settings(), 64 << 20)
+        remote = {"master": master.url, "metadata_server": master.metadata_server,
+                  "local_hostname": "127.0.0.1", "segment_bytes": 0, "deadline": "500ms"}
+        try:
+            extra = json.dumps({"dram_bytes": 64 * SLOT, "remote": remote})
+            a = Child(model, extra, "A", [{"prompt": LONG}, {"prompt": LONG}])
+            assert [a.result()[1] for _ in range(2)] == [0, FULL]  # the second one publishes
+            a.finish()  # its cache closes: the queued puts go out first
+            b = Child(model, extra, "B", [{"prompt": LONG}])
+            got, cached = b.result()
+            b.finish()
+            assert cached == FULL and same_greedy(got, want)
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=20)
