@@ -19,6 +19,8 @@ What it decides:
   the cluster is down (its breaker is open) every REMOTE copy leaves the
   index: a master back without HA has lost every key. At most
   ``max_blocks`` REMOTE copies are indexed (the least recently used leave).
+  NOTE: in ``TieredCache`` the lookup's call runs under the cache's lock; it
+  is bounded by the tier's deadline and its answers are cached briefly.
 * **Loads.** ``prepare_load`` turns the spec's REMOTE positions into *filling*
   DRAM copies in fresh slots (``LoadSpec.remote``); the prefix ends where no
   DRAM room is left. ``complete_fetch`` makes the verified ones ready DRAM
