@@ -8,6 +8,7 @@ holds its segment until stdin closes (or it is killed).
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 
@@ -18,6 +19,18 @@ def blocks(n: int, block: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return (rng.integers(0, 256, (n, 32), dtype=np.uint8),
             rng.integers(0, 256, (n, block), dtype=np.uint8))
+
+
+def wait_closed(guard, probe, timeout: float) -> bool:
+    """Calls `probe` (a lookup: the breaker's probe once its cooldown is
+    over) until the breaker is closed again; False after `timeout` s."""
+    from saria.tiers.remote import BreakerState
+
+    end = time.monotonic() + timeout
+    while guard.state != BreakerState.CLOSED and time.monotonic() < end:
+        probe()
+        time.sleep(0.2)
+    return guard.state == BreakerState.CLOSED
 
 
 def main() -> None:

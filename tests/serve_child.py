@@ -2,7 +2,9 @@
 
     python serve_child.py MODEL ADDRESS NAME STEPS_JSON
 
-STEPS_JSON is a list of steps; each is {"prompt": [...]} (generate it and
+ADDRESS is a ``saria serve`` address, or a JSON object: the connector's
+whole ``kv_connector_extra_config`` (an in-process cache). STEPS_JSON is a
+list of steps; each is {"prompt": [...]} (generate it and
 print ``RESULT {"tokens": ..., "gaps": ..., "cached": n}``) or
 {"wait": PATH} (block until the file exists: the parent's cue). A first step
 {"late_stores": PATH} holds every store copy until that file exists (see
@@ -23,7 +25,8 @@ if __name__ == "__main__":
 
     hold = steps.pop(0)["late_stores"] if steps and "late_stores" in steps[0] else None
     with (late_stores(until=hold) if hold else contextlib.nullcontext()), \
-            engine(model, {"server": address, "engine_name": name, "server_timeout_s": 0.5}) as llm:
+            engine(model, json.loads(address) if address.startswith("{") else
+                   {"server": address, "engine_name": name, "server_timeout_s": 0.5}) as llm:
         print("READY", flush=True)
         for step in steps:
             if "wait" in step:

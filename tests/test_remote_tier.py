@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(_WHY is not None, reason=_WHY or "")
 HERE = Path(__file__).resolve().parent
 BLOCK = 64 << 10
 sys.path.insert(0, str(HERE))
-from remote_node_child import blocks  # noqa: E402
+from remote_node_child import blocks, wait_closed  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -192,10 +192,7 @@ def test_master_killed_breaker_opens_then_restart_resumes():
             assert t.guard.in_flight == 0
             m.start()
             deadline = time.monotonic() + 30
-            while t.guard.state != BreakerState.CLOSED and time.monotonic() < deadline:
-                t.exists(keys)  # the probe, once the cooldown is over
-                time.sleep(0.2)
-            assert t.guard.state == BreakerState.CLOSED
+            assert wait_closed(t.guard, lambda: t.exists(keys), 30)
             assert not t.exists(keys).any()  # the restarted master lost them: misses
             assert not t.get(keys, out).ok.any()
             while time.monotonic() < deadline:  # the client remounts its segment
@@ -225,6 +222,7 @@ def test_saria_bench_remote_runs_and_refuses_bad_arguments(tmp_path):
     (case,) = d["sizes"]
     assert case["object_bytes"] == 64 << 10 and len(case["raw_get_runs_GBps"]) == 2
     assert case["put_ratio"] > 0 and d["lookup"]["saria_p50_us"] > 0
+    assert d["core"][0]["object_bytes"] == 64 << 10 and d["core"][0]["core_paired_ratio"] > 0
     r = subprocess.run([saria, "bench", "remote", "--sizes", "1KiB"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip().endswith("give object sizes of at least 4 KiB")

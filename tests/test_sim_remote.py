@@ -91,3 +91,40 @@ def test_a_restarted_master_holds_nothing():
     c.put([b"a", b"b"])
     c.clear()
     assert c.exists([b"a", b"b"]) == [False, False]
+
+
+def _replay(preset_name: str, policy: str = "write-back", dram_blocks: int = 60):
+    from saria.sim.engine import Replay
+    from saria.sim.replay import make_setup, open_loop_arrivals
+    from saria.traces import bundled_trace, load_trace
+    from saria.traces.arrivals import ArrivalModel
+
+    preset = get_preset(preset_name).with_(gpu_cache_bytes=0)  # no HBM prefix cache: the tiers serve
+    block = preset.block_size * preset.model.kv_bytes_per_token
+    trace = load_trace(bundled_trace("weka"), limit_sessions=4)
+    reqs = open_loop_arrivals(trace, ArrivalModel.from_spec("window:20m,seed=3"), max_context=40_000)
+    replay = Replay(make_setup(policy, preset, dram_bytes=dram_blocks * block,
+                               ssd_bytes=400 * block))
+    replay.run(reqs)
+    return replay
+
+
+def test_the_replay_core_has_the_presets_cluster_tier():
+    """A cluster preset gives the counting backend the cluster's keys: the
+    one core publishes DRAM victims with history into it, finds them past
+    its local prefix and skips their SSD copies; without one nothing of it
+    exists (the report has no cluster figures)."""
+    from saria.sim.report import policy_report
+
+    plain = _replay("qwen3-8b/h100-gen5-1ssd")
+    assert plain.cluster_model is None and not plain.cache.backend.remote
+    assert "cluster_hit_ratio_tokens" not in policy_report(plain)
+    r = _replay("qwen3-8b/h100-gen5-1ssd-cluster")
+    st, cluster = r.cache.stats, r.cache.backend.cluster
+    assert st.remote_published_blocks > 0 and len(cluster) == st.remote_published_blocks
+    assert r.stats.hit_tokens["CLUSTER"] > 0 and st.remote_hit_blocks > 0
+    assert st.ssd_writes_skipped_remote > 0  # write-back would have written every victim
+    rep = policy_report(r)
+    assert rep["ssd_bytes_saved_cluster"] == st.ssd_writes_skipped_remote * r.block_bytes
+    assert rep["cluster_published_blocks"] == st.remote_published_blocks
+    assert st.ssd_write_blocks < plain.cache.stats.ssd_write_blocks

@@ -19,6 +19,14 @@ cluster's memory and the bench's client contributes none, so every byte
 crosses the transport (loopback TCP here), as between two nodes. Lookup:
 ``batch_is_exist`` of ``lookup_keys`` keys, raw against ``RemoteTier.exists``
 with its answer cache off.
+
+**Core**: what the cache core adds on a node's load of a prefix only the
+cluster holds -- ``TieredCache.lookup`` (the bounded ``batch_is_exist``
+past the local prefix) and ``load`` (DRAM slots, the zero-copy get into
+the pool, verification, the copy out of the pool) -- beside the tier alone
+(``exists`` and ``get`` of the same objects into registered rows), ABBA,
+the DRAM copies dropped after each core load so every load goes to the
+cluster.
 """
 
 from __future__ import annotations
@@ -101,6 +109,49 @@ def _size_case(master: MooncakeMaster, object_bytes: int, batch: int, reps: int,
     return out
 
 
+def _core_case(master: MooncakeMaster, object_bytes: int, batch: int, reps: int,
+               seed: int) -> dict:
+    from saria.runtime import CacheConfig, TieredCache
+
+    settings = master.settings(segment_bytes=0, staging_rows=batch, deadline_s=120.0, lane=1,
+                               exist_cache_s=0.0, local_buffer_bytes=16 << 20,
+                               max_lookup_keys=batch)
+    tier = RemoteTier(settings, "bench-core", object_bytes)
+    cache = TieredCache(CacheConfig(block_bytes=object_bytes, dram_bytes=2 * batch * object_bytes,
+                                    write_mode="sync"), remote=tier)
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 256, (batch, 32), dtype=np.uint8)
+    src = rng.integers(0, 256, (batch, object_bytes), dtype=np.uint8)
+    out = np.zeros_like(src)
+    tier.register(out)
+    rates: dict[str, list[float]] = {"tier": [], "core": []}
+    try:
+        if not tier.put(keys, src).stored.all():
+            raise RuntimeError(f"core case: put failed: {tier.snapshot()['counters']}")
+        for rep in range(-1, reps):
+            for mode in (("tier", "core") if rep % 2 == 0 else ("core", "tier")):
+                out[:] = 0
+                if mode == "tier":
+                    t, ok = _timed(lambda: tier.exists(keys).all() and tier.get(keys, out).ok.all())
+                else:
+                    def core() -> bool:
+                        return (cache.lookup(keys).num_blocks == batch
+                                and cache.load(keys, out).remote_blocks == batch)
+                    t, ok = _timed(core)
+                    cache.remove(keys)  # its DRAM copies: the next load goes to the cluster again
+                if not ok or not np.array_equal(out, src):
+                    raise RuntimeError(f"core case: {mode} load returned other bytes")
+                if rep >= 0:
+                    rates[mode].append(batch * object_bytes / t)
+    finally:
+        cache.close()
+        tier.close()
+    paired = [a / b for a, b in zip(rates["core"], rates["tier"])]
+    return {"object_bytes": object_bytes, "batch": batch, "reps": reps,
+            "tier_GBps": _median(rates["tier"]) / 1e9, "core_GBps": _median(rates["core"]) / 1e9,
+            "core_paired_ratio": _median(paired)}
+
+
 def _lookup_case(master: MooncakeMaster, n_keys: int, calls: int, seed: int) -> dict:
     settings = master.settings(segment_bytes=0, deadline_s=10.0, exist_cache_s=0.0,
                                max_lookup_keys=max(64, n_keys))
@@ -146,6 +197,11 @@ def run_remote_bench(object_sizes: Sequence[int], *, batch: int = 8, reps: int =
                 if progress:
                     progress(f"objects of {size / 2**20:g} MiB")
                 sizes.append(_size_case(master, int(size), batch, reps, seed + i))
+            core = []
+            for i, size in enumerate(object_sizes):
+                if progress:
+                    progress(f"core loads of {size / 2**20:g} MiB blocks")
+                core.append(_core_case(master, int(size), batch, reps, seed + 100 + i))
             if progress:
                 progress(f"lookups of {lookup_keys} keys")
             lookup = _lookup_case(master, lookup_keys, lookup_calls, seed)
@@ -157,4 +213,4 @@ def run_remote_bench(object_sizes: Sequence[int], *, batch: int = 8, reps: int =
                 holder.kill()
                 holder.wait()
     return {"transport": "tcp (loopback)", "holder_bytes": holder_bytes, "sizes": sizes,
-            "lookup": lookup}
+            "core": core, "lookup": lookup}

@@ -65,6 +65,14 @@ def run_remote(args: argparse.Namespace) -> int:
                   f"{r['raw_get_GBps']:.2f}", f"{r['saria_get_GBps']:.2f}",
                   f"{r['get_ratio']:.2f} ({r['get_paired_ratio']:.2f})")
     Console().print(t)
+    t = Table(title="a cluster-only prefix loaded through the cache core beside the tier alone "
+              "(GB/s of payload)")
+    for col in ("blocks", "tier: exists + get", "core: lookup + load", "ratio (paired)"):
+        t.add_column(col, justify="right")
+    for r in res["core"]:
+        t.add_row(f"{r['object_bytes'] / 2**20:g} MiB x {r['batch']}", f"{r['tier_GBps']:.2f}",
+                  f"{r['core_GBps']:.2f}", f"{r['core_paired_ratio']:.2f}")
+    Console().print(t)
     lk = res["lookup"]
     t = Table(title=f"lookup of {lk['keys']} keys ({lk['calls']} calls each, µs)")
     for col in ("path", "p50", "p99"):

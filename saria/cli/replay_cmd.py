@@ -295,6 +295,14 @@ _ROWS = (
 )
 
 
+# The core's cluster tier (a preset with remote_bytes): shown only then.
+_CLUSTER_ROWS = (
+    ("  from the cluster (more)", lambda r: f"{r['cluster_hit_ratio_tokens']:.3f}"),
+    ("published to the cluster", lambda r: f"{r['cluster_published_blocks']:,} blocks"),
+    ("SSD writes the cluster saved", lambda r: format_size(r["ssd_bytes_saved_cluster"])),
+)
+
+
 def _table(results: dict[str, dict], config: dict) -> Table:
     t = Table(title=f"saria replay: {Path(config['trace']).name}",
               caption=f"{config['sessions']} sessions, {config['arrivals']}, {config['preset']}, "
@@ -304,4 +312,7 @@ def _table(results: dict[str, dict], config: dict) -> Table:
         t.add_column(name, justify="right")
     for label, cell in _ROWS:
         t.add_row(label, *(cell(r) for r in results.values()))
+    if all("cluster_hit_ratio_tokens" in r for r in results.values()):  # a cluster preset
+        for label, cell in _CLUSTER_ROWS:
+            t.add_row(label, *(cell(r) for r in results.values()))
     return t

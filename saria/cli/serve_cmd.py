@@ -1,9 +1,12 @@
 """``saria serve``: one cache per node; ``saria status ADDRESS``: its figures.
 
     saria serve --dram 64GB --ssd-dir /mnt/nvme0/kv --ssd-dir /mnt/nvme1/kv --ssd-bytes 2TB
+    saria serve --dram 64GB --remote mooncake://10.0.0.5:50051 --remote-segment 32GB
     saria status ipc:///run/user/1000/saria/serve.sock
 
-Engines point their connector's ``server`` key at ``--listen``. The server logs
+Engines point their connector's ``server`` key at ``--listen``. ``--remote``
+makes a Mooncake Store the fleet shares this node's cluster tier (its master;
+the metadata server defaults to the master host's, port 8080). The server logs
 one line per tier at start, serves until SIGTERM, then flushes and closes.
 """
 
@@ -43,6 +46,10 @@ def register(sub) -> None:
                    "(default: the host name)")
     p.add_argument("--scrub-rate", default="0",
                    help="background SSD scrub, bytes per second (e.g. 50MB; default 0: off)")
+    p.add_argument("--remote", default=None, metavar="mooncake://HOST:PORT",
+                   help="the cluster tier: a Mooncake Store master (default: off)")
+    for flag, key, what in _REMOTE_FLAGS:
+        p.add_argument(flag, default=None, dest=key, help=what)
     p.set_defaults(func=_serve)
 
     s = sub.add_parser("status", help="print a running saria serve's figures")
@@ -50,6 +57,33 @@ def register(sub) -> None:
     s.add_argument("--timeout", type=float, default=2.0)
     s.add_argument("--json", action="store_true", help="print the raw figures as JSON")
     s.set_defaults(func=_status)
+
+
+#: --remote-* flags -> RemoteSettings.from_mapping keys
+_REMOTE_FLAGS = (
+    ("--remote-metadata", "metadata_server", "metadata server (http://HOST:PORT/metadata, "
+     "P2PHANDSHAKE or etcd; default: the master host's, port 8080)"),
+    ("--remote-protocol", "protocol", "tcp (default) or rdma"),
+    ("--remote-rdma-devices", "rdma_devices", "RDMA devices for --remote-protocol rdma"),
+    ("--remote-host", "local_hostname", "the address other nodes reach this node's segment at "
+     "(default: the host name)"),
+    ("--remote-segment", "segment_bytes", "memory this node lends the cluster (default 1GB; 0: none)"),
+    ("--remote-buffer", "local_buffer_bytes", "Mooncake's own transfer buffer (default 64MB)"),
+    ("--remote-deadline", "deadline", "the longest one remote call may take (default 50ms)"),
+)
+
+
+def remote_mapping(args) -> dict | None:
+    """The ``--remote*`` flags as ``RemoteSettings.from_mapping`` keys (None: off)."""
+    from saria.errors import ConfigError
+
+    given = {key: getattr(args, key) for _, key, _ in _REMOTE_FLAGS if getattr(args, key) is not None}
+    if args.remote is None:
+        if given:
+            flag = next(f for f, k, _ in _REMOTE_FLAGS if k in given)
+            raise ConfigError(flag, "needs --remote mooncake://HOST:PORT")
+        return None
+    return {"master": args.remote, **given}
 
 
 def _serve(args) -> int:
@@ -62,7 +96,8 @@ def _serve(args) -> int:
         admission=args.admission, promotion=args.promotion, dwpd=args.dwpd,
         max_models=args.max_models, lease_s=args.lease, metrics_port=args.metrics_port,
         events=args.events, node=args.node,
-        scrub_bytes_per_s=float(parse_size(args.scrub_rate, name="--scrub-rate")))
+        scrub_bytes_per_s=float(parse_size(args.scrub_rate, name="--scrub-rate")),
+        remote=remote_mapping(args))
     return run(cfg)
 
 
@@ -83,15 +118,17 @@ def _status(args) -> int:
               f"session(s), {snap['leases_expired']} lease(s) expired, "
               f"{snap['rpc_errors']} RPC error(s)")
     t = Table(title="engines")
-    for col in ("engine", "sessions", "matched blocks", "DRAM hit blocks", "SSD hit blocks",
-                "hit bytes"):
+    remote = any("remote_hit_blocks" in e for e in snap["engines"].values())
+    cols = ["engine", "sessions", "matched blocks", "DRAM hit blocks", "SSD hit blocks"]
+    tiers = ["dram", "ssd"] + (["remote"] if remote else [])
+    for col in cols + (["cluster hit blocks"] if remote else []) + ["hit bytes"]:
         t.add_column(col)
     for name in sorted(set(snap["engines"]) | set(snap["sessions_by_engine"])):
         e = snap["engines"].get(name, {})
         t.add_row(name, str(snap["sessions_by_engine"].get(name, 0)),
-                  f"{e.get('matched_blocks', 0):,.0f}", f"{e.get('dram_hit_blocks', 0):,.0f}",
-                  f"{e.get('ssd_hit_blocks', 0):,.0f}",
-                  f"{e.get('dram_hit_bytes', 0) + e.get('ssd_hit_bytes', 0):,.0f}")
+                  f"{e.get('matched_blocks', 0):,.0f}",
+                  *(f"{e.get(f'{tier}_hit_blocks', 0):,.0f}" for tier in tiers),
+                  f"{sum(e.get(f'{tier}_hit_bytes', 0) for tier in tiers):,.0f}")
     con.print(t)
     for ns, g in snap["namespaces"].items():
         t = Table(title=f"namespace {ns}")

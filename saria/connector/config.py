@@ -34,6 +34,10 @@ server             the address of a ``saria serve`` (``ipc://...``, ``tcp://...`
                    dwpd must not be set here (none: an in-process cache)
 server_timeout_s   deadline of each call to the server; a miss past it (1.0)
 engine_name        this engine's name in the server's figures ("vllm")
+remote             the cluster tier of an in-process cache: a mapping of
+                   ``RemoteSettings.from_mapping`` keys ({"master":
+                   "mooncake://HOST:PORT", "segment_bytes": "4GB", ...});
+                   with ``server``, ``saria serve --remote`` owns it (none)
 =================  ==========================================================
 
 Keys for the same engine's SSD files: the store's files live under
@@ -61,10 +65,10 @@ from saria.units import parse_size
 KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admission",
         "promotion", "promotion_r", "promotion_min_age_s", "write_queue", "op_timeout_s", "coordinator",
         "ingress_bytes_per_s", "events", "metrics_port", "dwpd", "config_file", "server",
-        "server_timeout_s", "engine_name")
+        "server_timeout_s", "engine_name", "remote")
 # the server's settings: an engine that uses a server cannot also set them
 SERVER_OWNED = ("dram_bytes", "ssd_dirs", "ssd_bytes", "admission", "promotion", "promotion_r",
-                "promotion_min_age_s", "write_queue", "dwpd")
+                "promotion_min_age_s", "write_queue", "dwpd", "remote")
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,7 @@ class ConnectorConfig:
     server: str | None = None
     server_timeout_s: float = 1.0
     engine_name: str = "vllm"
+    remote: dict | None = None  # RemoteSettings.from_mapping's keys (checked at parse)
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -198,6 +203,12 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
     if port is not None and (isinstance(port, bool) or not isinstance(port, int)
                              or not 0 <= port < 65536):
         raise ConfigError("metrics_port", f"must be a TCP port number, got {port!r}")
+    remote = raw.get("remote")
+    if remote is not None:
+        from saria.tiers.remote import RemoteSettings
+
+        RemoteSettings.from_mapping(remote)  # every bad setting names its key (remote.lane: ...)
+        remote = dict(remote)
     dwpd = raw.get("dwpd", 1.0)
     if isinstance(dwpd, bool) or not isinstance(dwpd, (int, float)) or not dwpd > 0:
         raise ConfigError("dwpd", f"must be a positive number, got {dwpd!r}")
@@ -208,7 +219,7 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
         op_timeout_s=float(timeout), coordinator=coordinator,
         ingress_bytes_per_s=None if ingress is None else float(ingress), events=events,
         metrics_port=port, dwpd=float(dwpd), server=server, server_timeout_s=float(stimeout),
-        engine_name=name, extra=dict(extra or {}))
+        engine_name=name, remote=remote, extra=dict(extra or {}))
 
 
 def _size(raw: dict, key: str) -> int:

@@ -152,7 +152,14 @@ class SariaScheduler:
         if dirs and make_admission(cfg.admission).writes_on_create and dram_slots > 1:
             staging = max(1, dram_slots // 8)  # write-through of blocks DRAM does not keep
         path = pool_path(vllm_config)
+        self.remote_tier = None
         try:
+            if cfg.remote is not None:  # this engine's own client of the cluster tier
+                from saria.tiers.remote import RemoteSettings, RemoteTier
+
+                self.remote_tier = RemoteTier(RemoteSettings.from_mapping(cfg.remote),
+                                              geo.namespace(cfg.hash_algo, cfg.hash_seed),
+                                              geo.slot_bytes)
             self.cache = TieredCache(CacheConfig(
                 block_bytes=geo.slot_bytes, dram_bytes=cfg.dram_bytes, ssd_dirs=dirs,
                 ssd_bytes=cfg.ssd_bytes, admission=cfg.admission, promotion=cfg.promotion,
@@ -161,11 +168,14 @@ class SariaScheduler:
                 shared_pool=path, max_blocks=_max_blocks(cfg, geo),
                 staging_slots=staging, dwpd=cfg.dwpd,
                 ssd_parts=geo.tp_size,  # each rank's worker reads its part of a block alone
-                pin=False))  # only the workers' mappings need page-locking (for DMA)
+                pin=False),  # only the workers' mappings need page-locking (for DMA)
+                remote=self.remote_tier)
         except BaseException as e:
             # the engine will not start: the pool file the workers made must not outlive it
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+            if self.remote_tier is not None:
+                self.remote_tier.close()
             if isinstance(e, OSError) and e.errno == errno.EBUSY:
                 # another cache owns the drive: one line, the holder's pid
                 raise ConfigError("ssd_dirs", e.strerror or str(e)) from None
@@ -328,6 +338,8 @@ class SariaScheduler:
                 self.cache.release_staging(op.spec.staging)
         self.cache.flush()
         self.cache.close()
+        if getattr(self, "remote_tier", None) is not None:
+            self.remote_tier.close()
 
     # --------------------------------------------------------------- helpers
 

@@ -102,17 +102,52 @@ class Backend:
         found after a restart that nobody asked for); returns units freed."""
         return 0
 
+    # The cluster tier (``saria.core.remote``): a backend with ``remote`` set
+    # answers lookups by key, copies DRAM rows for a put and publishes off the
+    # caller's path, reporting each put to the core's ``complete_publish``
+    # (under the cache's lock). Slots are never allocated in it.
+
+    #: a cluster tier lies below this node
+    remote: bool = False
+
+    def bind_remote(self, on_published: Callable) -> None:
+        """Called once by the core when ``remote``: where finished puts go."""
+        self._on_published = on_published
+
+    def remote_exists(self, keys: np.ndarray) -> np.ndarray:
+        """(n,) bool: the cluster holds the block (bounded; a failure is all misses)."""
+        return np.zeros(keys.shape[0], bool)
+
+    def remote_down(self) -> bool:
+        """The cluster is marked down (its breaker is open)."""
+        return False
+
+    def remote_forget(self, keys: np.ndarray) -> None:
+        """Cached lookup answers for `keys` are stale (a fetch found them gone)."""
+
+    def copy_rows(self, slots: np.ndarray) -> np.ndarray | None:
+        """The bytes of DRAM `slots`, copied (None: the backend needs no bytes)."""
+        return None
+
+    def publish(self, job) -> bool:
+        """Queues a put (``saria.core.remote.RemotePut``); False: refused, nothing sent."""
+        return False
+
 
 class CountingBackend(Backend):
     """The replay's backend: capacities and use counts, no bytes. Writes
-    complete at once."""
+    complete at once. With `cluster` (``saria.sim.remote.ClusterKeys``) the
+    node has a cluster tier: lookups ask it, puts land in it at once (its
+    watermark eviction included), fetches hit what it holds."""
 
     def __init__(self, capacity: dict[Tier, int], *, state_units: int = 0,
-                 write_behind: int = 0) -> None:
+                 write_behind: int = 0, cluster=None) -> None:
         self._capacity = {t: int(capacity.get(t, 0)) for t in Tier}
         self.used = {t: 0 for t in Tier}
         self.state_units = int(state_units)
         self.write_behind = int(write_behind)  # only an asynchronous subclass retains
+        self.cluster = cluster
+        self.remote = cluster is not None
 
     def capacity(self, tier: Tier) -> int:
         return self._capacity[tier]
@@ -141,3 +176,16 @@ class CountingBackend(Backend):
         self.used[Tier.SSD] += k * (self.state_units if job.state else 1)
         self._on_written(job, np.zeros(k, np.int64))
         return True
+
+    def remote_exists(self, keys: np.ndarray) -> np.ndarray:
+        return np.array(self.cluster.exists(map(bytes, keys)), bool)
+
+    def publish(self, job) -> bool:
+        keys = [bytes(k) for k in job.keys]
+        self.cluster.put(keys)
+        self._on_published(job, np.array([k in self.cluster for k in keys], bool))
+        return True
+
+    def fetch_remote(self, keys: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """The replay's fetch: a hit where the cluster still holds the block."""
+        return np.array(self.cluster.get(map(bytes, keys)), bool)

@@ -67,9 +67,11 @@ import numpy as np
 
 from saria.core.backend import Backend
 from saria.core.events import CacheEvent, EventLog
+from saria.core.remote import RemoteResidency
 from saria.core.specs import CacheStats, LoadSpec, SsdWrite, StateSpec, StoreSpec
 from saria.index import NO_SLOT, RadixIndex, ReloadPlan, Tier
 from saria.policy import AdmissionPolicy, PromotionPolicy
+from saria.policy.publish import PublishPolicy
 from saria.policy.returns import ReturnGaps
 
 GPU, DRAM, SSD = Tier.GPU, Tier.DRAM, Tier.SSD
@@ -80,7 +82,8 @@ class CacheManager:
 
     def __init__(self, index: RadixIndex, admission: AdmissionPolicy,
                  promotion: PromotionPolicy, backend: Backend, *, events: bool = False,
-                 record_writes: bool = False) -> None:
+                 record_writes: bool = False, publish: PublishPolicy | None = None,
+                 remote_lookup_blocks: int = 64, remote_max_blocks: int = 1 << 20) -> None:
         self.index = index
         self.admission = admission
         self.promotion = promotion
@@ -107,13 +110,19 @@ class CacheManager:
                          or promotion.wants_returns)
         admission.bind(ssd_units=backend.capacity(SSD), state_units=backend.state_units,
                        returns=self.returns)
+        #: the cluster tier's decisions (``saria.core.remote``), when the backend has one
+        self.remote = (RemoteResidency(self, publish, lookup_blocks=remote_lookup_blocks,
+                                       max_blocks=remote_max_blocks) if backend.remote else None)
 
     # ------------------------------------------------------------- queries
 
     def lookup(self, keys: np.ndarray) -> ReloadPlan:
         """The reload plan of the longest prefix of `keys` cached in any tier."""
         self.stats.lookups += 1
-        return self.index.match(keys)
+        plan = self.index.match(keys)
+        if self.remote is not None:  # past the local prefix: what the cluster holds
+            plan = self.remote.lookup(keys, plan)
+        return plan
 
     def now(self) -> float:
         return self.index.now()
@@ -136,6 +145,8 @@ class CacheManager:
         self.admission.tick(self.now())
         if self.ssd_on and known:
             self._admit_accessed(keys[:known])
+        if self.remote is not None and known:
+            self.remote.publish_accessed(keys[:known])
         return known
 
     # --------------------------------------------------------------- loads
@@ -155,7 +166,17 @@ class CacheManager:
         tiers, slots = plan.tiers.astype(np.int8), plan.slots
         if np.any(tiers[start:] == GPU):  # only the replay has a GPU tier
             slots, tiers = self.index.slots_in(path, DRAM, SSD)
-        return LoadSpec(path, start, tiers, slots, plan.checkpoint)
+        spec = LoadSpec(path, start, tiers, slots, plan.checkpoint)
+        if self.remote is not None:  # cluster-only blocks: fetched into filling DRAM slots
+            spec = self.remote.prepare(spec)
+        return spec
+
+    def complete_fetch(self, spec: LoadSpec, ok: np.ndarray) -> LoadSpec:
+        """The mover fetched ``spec.remote``'s blocks from the cluster into
+        their DRAM slots, `ok` where verified: they become ready DRAM copies;
+        the returned spec ends before the first failed one (which leaves the
+        index). See ``saria.core.remote``."""
+        return self.remote.complete_fetch(spec, ok)
 
     def complete_load(self, spec: LoadSpec, failed: np.ndarray | None = None) -> int:
         """The mover is done with `spec`: unlocks it. `failed` lists positions
@@ -171,6 +192,10 @@ class CacheManager:
             served = int(failed[0])
             self._drop_failed(spec, failed)
         dram, ssd = spec.hits(served)
+        if spec.remote.size:  # fetched from the cluster: DRAM copies now, counted apart
+            remote = spec.remote_hits(served)
+            self.stats.remote_hit_blocks += remote
+            dram -= remote
         self.stats.hit_blocks["DRAM"] += dram
         self.stats.hit_blocks["SSD"] += ssd
         return served
@@ -532,6 +557,8 @@ class CacheManager:
                                        last_access=ev.last_access, depth=ev.depth,
                                        on_ssd=(ev.tiers_after & SSD.bit) != 0)
         blocks = want & ((ev.tiers_after & SSD.bit) == 0)
+        if self.remote is not None:  # one copy per cluster: a victim it holds may skip the SSD
+            blocks = self.remote.skip_ssd(ev, blocks)
         kept = np.zeros(len(ev), bool)
         if blocks.any() or self._pending:
             kept[self._write_victims(ev.keys, ev.slots, ev.depth, blocks)[1]] = True
@@ -805,6 +832,8 @@ class CacheManager:
         kept = None
         if tier == DRAM:
             self.stats.dram_evictions += len(ev)
+            if self.remote is not None:  # reads the victims' slots: before they are freed
+                self.remote.publish_victims(ev)
             if self.ssd_on:
                 kept = self._admit_victims(ev)  # reads the victims' slots: before they are freed
         elif tier == SSD:

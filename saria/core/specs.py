@@ -34,6 +34,10 @@ class LoadSpec:
     tiers: np.ndarray
     slots: np.ndarray
     checkpoint: CheckpointRef | None = None
+    # Positions only the cluster tier held (``Tier.REMOTE``): ``slots`` there
+    # are DRAM slots the blocks are fetched into (filling until the core's
+    # ``complete_fetch``; after it, verified DRAM blocks).
+    remote: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
     @property
     def num_blocks(self) -> int:
@@ -49,6 +53,11 @@ class LoadSpec:
         `served` blocks (what ``complete_load`` returned)."""
         ssd = int(np.count_nonzero(self.tiers[self.start:served] == Tier.SSD))
         return max(0, served - self.start) - ssd, ssd
+
+    def remote_hits(self, served: int) -> int:
+        """Of the DRAM blocks of ``hits(served)``, those fetched from the cluster tier."""
+        r = self.remote
+        return int(np.count_nonzero((r >= self.start) & (r < served))) if r.size else 0
 
 
 @dataclass(slots=True)
@@ -136,3 +145,12 @@ class CacheStats:
     writes_dropped: int = 0         # no SSD room, or the backend's queue was full
     write_behind_full: int = 0      # victims written from a copy: not readable until they landed
     adopted_blocks: int = 0         # SSD blocks found after a restart, put back in the index
+    # the cluster tier (``saria.core.remote``)
+    remote_found_blocks: int = 0    # REMOTE copies a lookup found and indexed
+    remote_hit_blocks: int = 0      # blocks a load served from the cluster (verified)
+    remote_load_failures: int = 0   # fetches that did not arrive whole and verified
+    remote_dropped_blocks: int = 0  # REMOTE copies that left the index (gone, or tier down)
+    remote_published_blocks: int = 0  # puts the cluster holds now (stored or already there)
+    remote_publish_failures: int = 0  # puts that failed (nothing local dropped)
+    remote_publish_dropped: int = 0   # puts refused at submission (a full queue)
+    ssd_writes_skipped_remote: int = 0  # victims not written to the SSD: the cluster holds them

@@ -25,6 +25,13 @@ for tests that choose when each write lands). It decides nothing.
   until a lookup adopts them into the index; when the SSD is full, the core
   reclaims the ones nobody asked for first (``reclaim_ssd``). The store
   finds them in its journal, not by reading the drive (``saria.tiers.ssd``).
+* ``remote`` (a ``saria.tiers.remote.RemoteTier``) is the cluster tier
+  below the node: the pool's rows are registered with it (zero-copy gets),
+  lookups ask it, ``fetch_remote`` gets blocks straight into DRAM slots, and
+  puts run on one publisher thread through a bounded queue (refused when
+  full). A slot whose get was late is kept from reuse until that get really
+  ended (``GetResult.then``): the core may free it at once, the pool gets it
+  back only then, so a late write can never land in a reused slot.
 * ``scrub_bytes_per_s`` > 0 starts a scrub thread that re-reads the SSD's
   blocks at that rate (token bucket, outside the cache's lock) and hands the
   slots that no longer verify to ``on_scrub_bad`` (the cache drops them).
@@ -32,6 +39,7 @@ for tests that choose when each write lands). It decides nothing.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import queue
@@ -57,6 +65,25 @@ def state_keys(key: np.ndarray | bytes, units: int) -> np.ndarray:
     return np.frombuffer(b"".join(hashlib.blake2b(base + i.to_bytes(4, "little"),
                                                   digest_size=32).digest()
                                   for i in range(units)), np.uint8).reshape(units, 32)
+
+
+def _run_queued(q: queue.Queue, run_one, count: int | None) -> int:
+    """Runs the `count` oldest items of `q` (all by default) in this thread."""
+    ran = 0
+    while (count is None or ran < count) and not q.empty():
+        run_one(q.get())
+        ran += 1
+    return ran
+
+
+def _serve_queue(q: queue.Queue, run_one) -> None:
+    """A worker thread's loop: runs items until a None arrives."""
+    while True:
+        item = q.get()
+        if item is None:
+            q.task_done()
+            return
+        run_one(item)
 
 
 class _Handles:
@@ -94,6 +121,7 @@ class TierBackend(Backend):
                  write_queue: int = 256, pin: bool | None = None, shared_pool: str | None = None,
                  staging_slots: int = 0, write_behind: int | None = None,
                  scrub_bytes_per_s: float = 0.0, ssd_parts: int = 1,
+                 remote=None, publish_queue: int = 64,
                  lock: threading.RLock) -> None:
         self.block_bytes = block_bytes
         self.state_units = state_units
@@ -135,8 +163,8 @@ class TierBackend(Backend):
         if self.asynchronous:
             self._queue = queue.Queue(write_queue)
         if self.asynchronous and write_mode == "async":
-            self._writer = threading.Thread(target=self._write_loop, name="saria-ssd-writer",
-                                            daemon=True)
+            self._writer = threading.Thread(target=_serve_queue, name="saria-ssd-writer",
+                                            args=(self._queue, self._write_one), daemon=True)
             self._writer.start()
         # Background scrub (off at 0): re-reads the SSD's blocks at this rate
         # and hands the ones that no longer verify to `on_scrub_bad(handles,
@@ -150,6 +178,7 @@ class TierBackend(Backend):
             self._scrubber = threading.Thread(target=self._scrub_loop, name="saria-ssd-scrub",
                                               daemon=True)
             self._scrubber.start()
+        self._start_remote(remote, publish_queue, mode=write_mode)
 
     # ---------------------------------------------------------- Backend API
 
@@ -162,6 +191,8 @@ class TierBackend(Backend):
 
     def free_units(self, tier: Tier) -> int:
         if tier == DRAM:  # the unused write-behind slots are not the cache's
+            if self._settled:
+                self._settle_fetches()
             return self.pool.free_slots - (self.write_behind - self._retained)
         if tier == SSD and self.ssd is not None:
             return self.ssd.free_slots - self._pending_units
@@ -176,7 +207,14 @@ class TierBackend(Backend):
         if len(slots) == 0:
             return
         if tier == DRAM:
-            self.pool.free(slots)
+            if self._fetching:  # a late get may still write these: back to the pool when it ends
+                self._settle_fetches()
+                slots = np.asarray(slots, np.int64)
+                late = np.array([int(x) in self._fetching for x in slots], bool)
+                self._free_later.update(int(x) for x in slots[late])
+                slots = slots[~late]
+            if len(slots):
+                self.pool.free(slots)
         elif tier == SSD:
             self.ssd.free(np.asarray(slots, np.int64))
 
@@ -254,6 +292,111 @@ class TierBackend(Backend):
         """The DRAM slots of a state checkpoint (a mover fills them)."""
         return self._states[DRAM].get(handle)
 
+    # ------------------------------------------------------ the cluster tier
+
+    def _start_remote(self, remote, publish_queue: int, *, mode: str) -> None:
+        self.remote_tier = remote
+        self.remote = remote is not None
+        self._fetching: dict[int, int] = {}   # DRAM slot -> gets that may still write it
+        self._free_later: set[int] = set()    # freed by the core while a get was out
+        self._settled: collections.deque = collections.deque()  # from GetResult.then
+        self._publish_q: queue.Queue | None = None
+        self._publisher: threading.Thread | None = None
+        self._publish_inline = mode == "sync"  # as SSD writes: in the call (the real-mode replay)
+        if remote is None:
+            return
+        if remote.block_bytes != self.block_bytes:
+            raise ValueError(f"remote tier blocks are {remote.block_bytes} B, "
+                             f"DRAM slots {self.block_bytes} B")
+        remote.register(self.pool.array)
+        self._publish_q = queue.Queue(publish_queue)
+        if mode == "async":  # "manual": the caller runs them (run_publishes), as it lands SSD writes
+            self._publisher = threading.Thread(target=_serve_queue, name="saria-remote-put",
+                                               args=(self._publish_q, self._publish_one),
+                                               daemon=True)
+            self._publisher.start()
+
+    def remote_exists(self, keys: np.ndarray) -> np.ndarray:
+        return self.remote_tier.exists(keys)
+
+    def remote_down(self) -> bool:
+        return self.remote_tier.guard.down
+
+    def remote_forget(self, keys: np.ndarray) -> None:
+        self.remote_tier.forget(keys)
+
+    def copy_rows(self, slots: np.ndarray) -> np.ndarray:
+        rows = np.empty((len(slots), self.block_bytes), np.uint8)
+        return self.pool.gather(np.asarray(slots, np.int64), rows)
+
+    def publish(self, job) -> bool:
+        if self._publish_inline:
+            self._on_published(job, self._put(job))
+            return True
+        try:
+            self._publish_q.put_nowait(job)
+        except queue.Full:
+            return False
+        return True
+
+    def fetch_remote(self, keys: np.ndarray, slots: np.ndarray) -> np.ndarray:
+        """Gets `keys` from the cluster straight into DRAM `slots` (the
+        caller does not hold the cache's lock); (n,) bool: arrived whole and
+        verified. A slot stays out of the pool until its get really ends."""
+        slots = np.asarray(slots, np.int64)
+        with self._lock:
+            for x in slots.tolist():
+                self._fetching[x] = self._fetching.get(x, 0) + 1
+        try:
+            got = self.remote_tier.get(keys, self.pool.array, slots)
+        except Exception:  # noqa: BLE001 -- a failed get is a miss, never an engine error
+            log.exception("saria: remote get of %d blocks failed", len(slots))
+            got = None
+        if got is None:
+            self._settled.append(slots)
+            with self._lock:
+                self._settle_fetches()
+            return np.zeros(len(slots), bool)
+        got.then(lambda: self._settled.append(slots))  # no lock here: it may run on the guard's thread
+        with self._lock:  # a get that ended in time gives its slots back to the core now
+            self._settle_fetches()
+        return got.ok
+
+    def _settle_fetches(self) -> None:
+        """Slots whose gets ended: a slot the core freed meanwhile goes back now."""
+        while self._settled:
+            for x in self._settled.popleft().tolist():
+                left = self._fetching.pop(x) - 1
+                if left:
+                    self._fetching[x] = left
+                elif x in self._free_later:
+                    self._free_later.discard(x)
+                    self.pool.free(np.array([x], np.int64))
+
+    def run_publishes(self, count: int | None = None) -> int:
+        """``write_mode="manual"``: carries out the `count` oldest queued puts
+        (all by default) in the calling thread, which must not hold the
+        cache's lock; returns how many ran."""
+        if self._publisher is not None or self._publish_q is None:
+            raise RuntimeError("run_publishes is for write_mode='manual' with a remote tier")
+        return _run_queued(self._publish_q, self._publish_one, count)
+
+    def _publish_one(self, job) -> None:
+        try:
+            held = self._put(job)  # outside the cache's lock
+            with self._lock:
+                self._on_published(job, held)
+        finally:
+            self._publish_q.task_done()
+
+    def _put(self, job) -> np.ndarray:
+        """One put, bounded by the tier's deadline; (n,) bool: the cluster holds it."""
+        try:
+            return self.remote_tier.put(job.keys, job.rows).held
+        except Exception:  # noqa: BLE001 -- a failed put, never a dead publisher
+            log.exception("saria: remote put of %d blocks failed", job.keys.shape[0])
+            return np.zeros(job.keys.shape[0], bool)
+
     def gauges(self) -> dict[str, float]:
         """Occupancy of the tiers, for metrics."""
         out = {"dram_slots": self.pool.num_slots, "dram_used_slots": self.pool.used_slots,
@@ -281,11 +424,15 @@ class TierBackend(Backend):
     # ------------------------------------------------------------ lifetime
 
     def flush(self) -> None:
-        """Waits until every queued SSD write has been carried out."""
+        """Waits until every queued SSD write (and remote put) has been carried out."""
         if self._writer is None and self._queue is not None:
             self.run_writes()
         elif self._queue is not None:
             self._queue.join()
+        if self._publish_q is not None and self._publisher is None:
+            self.run_publishes()
+        elif self._publish_q is not None:
+            self._publish_q.join()
 
     def run_writes(self, count: int | None = None) -> int:
         """``write_mode="manual"``: carries out the `count` oldest queued
@@ -293,13 +440,15 @@ class TierBackend(Backend):
         would; returns how many ran. The caller must not hold the cache's lock."""
         if self._writer is not None or self._queue is None:
             raise RuntimeError("run_writes is for write_mode='manual'")
-        ran = 0
-        while (count is None or ran < count) and not self._queue.empty():
-            self._write_one(self._queue.get())
-            ran += 1
-        return ran
+        return _run_queued(self._queue, self._write_one, count)
 
     def close(self) -> None:
+        if self._publisher is not None:  # queued puts go out first (each bounded)
+            self._publish_q.put(None)
+            self._publisher.join()
+            self._publisher = None
+        elif self._publish_q is not None:
+            self.run_publishes()
         if self._scrubber is not None:
             self._scrub_stop.set()
             self._scrubber.join()
@@ -375,14 +524,6 @@ class TierBackend(Backend):
                     self.ssd.free(parts[parts >= 0])
             handles = out
         self._on_written(job, handles)
-
-    def _write_loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                self._queue.task_done()
-                return
-            self._write_one(item)
 
     def _write_one(self, item) -> None:
         job, units, payload = item

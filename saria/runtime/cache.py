@@ -20,6 +20,12 @@ another process (the vLLM connector's workers)::
 
 and the same with bytes in hand: ``load``, ``store``, ``promote``.
 
+With a cluster tier (``remote=``, a ``saria.tiers.remote.RemoteTier``) a
+lookup also finds what other nodes published, and ``prepare_load`` fetches
+the blocks only the cluster holds into DRAM slots (outside the lock, under
+the tier's deadline) before it returns: the spec a copier gets names DRAM
+and SSD only, and every fetched block was verified (``saria.core.remote``).
+
 Invariants (the core's, plus): a failed SSD read is a miss from that block on
 and the block leaves the SSD tier -- wrong KV is never returned; a failed SSD
 write leaves the block where it was; a full write queue drops writes
@@ -38,6 +44,7 @@ from saria.errors import ConfigError
 from saria.index import ReloadPlan, RadixIndex, Tier
 from saria.index.clock import Clock, wall_clock
 from saria.policy import make_admission, make_promotion
+from saria.policy.publish import PublishPolicy
 from saria.runtime.backend import TierBackend
 
 DRAM, SSD = Tier.DRAM, Tier.SSD
@@ -116,12 +123,14 @@ class LoadResult:
     ssd_blocks: int
     failed: int
     ssd_positions: np.ndarray
+    remote_blocks: int = 0   # of `blocks`, fetched from the cluster tier (counted apart from DRAM)
 
 
 class TieredCache:
     """DRAM + SSD KV cache behind one radix index; thread-safe."""
 
-    def __init__(self, config: CacheConfig, *, clock: Clock | None = None) -> None:
+    def __init__(self, config: CacheConfig, *, clock: Clock | None = None, remote=None,
+                 publish: PublishPolicy | None = None) -> None:
         self.cfg = config
         self._lock = threading.RLock()
         admission = make_admission(config.admission, dwpd=config.dwpd)
@@ -135,12 +144,14 @@ class TieredCache:
             write_queue=config.write_queue, pin=config.pin, shared_pool=config.shared_pool,
             staging_slots=config.staging_slots, write_behind=config.write_behind,
             scrub_bytes_per_s=config.ssd_scrub_bytes_per_s if writes else 0.0,
-            ssd_parts=config.ssd_parts, lock=self._lock)
+            ssd_parts=config.ssd_parts, remote=remote, lock=self._lock)
         self.backend.on_scrub_bad = self._drop_scrubbed
         index = RadixIndex(config.max_blocks, hybrid=config.state_bytes > 0,
                            clock=clock or wall_clock)
+        lookup_blocks = remote.settings.max_lookup_keys if remote is not None else 64
         self.manager = CacheManager(index, admission, promotion, self.backend,
-                                    events=config.events, record_writes=config.record_writes)
+                                    events=config.events, record_writes=config.record_writes,
+                                    publish=publish, remote_lookup_blocks=lookup_blocks)
 
     # -------------------------------------------------------------- state
 
@@ -162,6 +173,8 @@ class TieredCache:
             out = self.backend.gauges()
             st = self.index.stats()
             out.update(index_blocks=st.nodes, index_ghosts=st.ghosts)
+            if self.backend.remote:
+                out.update(self._remote_gauges())
             state = self.manager.admission.state(self.index.now())
             out.update({f"admission_{k}": float(v) for k, v in state.items()})
             return out
@@ -186,7 +199,13 @@ class TieredCache:
 
     def prepare_load(self, keys: np.ndarray, blocks: int, *, start: int = 0) -> LoadSpec:
         with self._lock:
-            return self.manager.prepare_load(keys, blocks, start=start)
+            spec = self.manager.prepare_load(keys, blocks, start=start)
+            if spec.remote.size == 0:
+                return spec
+        # blocks only the cluster holds: into their (filling, locked) DRAM slots, off the lock
+        ok = self.backend.fetch_remote(spec.path[spec.remote], spec.slots[spec.remote])
+        with self._lock:
+            return self.manager.complete_fetch(spec, ok)
 
     def complete_load(self, spec: LoadSpec, failed: np.ndarray | None = None) -> int:
         with self._lock:
@@ -307,7 +326,9 @@ class TieredCache:
         served = self.complete_load(spec, failed)
         ssd = spec.positions(SSD)
         ssd = ssd[ssd < served]
-        return LoadResult(served, served - ssd.size, int(ssd.size), int(failed.size), ssd)
+        remote = spec.remote_hits(served)
+        return LoadResult(served, served - ssd.size - remote, int(ssd.size), int(failed.size), ssd,
+                          remote)
 
     def store(self, keys: np.ndarray, data: np.ndarray, *, start: int = 0,
               session: int = 0) -> int:
@@ -344,6 +365,11 @@ class TieredCache:
         writes now (all by default); returns how many."""
         return self.backend.run_writes(count)
 
+    def run_publishes(self, count: int | None = None) -> int:
+        """``write_mode="manual"`` with a cluster tier: carries out the `count`
+        oldest queued puts now (all by default); returns how many."""
+        return self.backend.run_publishes(count)
+
     def close(self) -> None:
         self.backend.close()
 
@@ -354,6 +380,22 @@ class TieredCache:
         self.close()
 
     # --------------------------------------------------------------- helpers
+
+    def _remote_gauges(self) -> dict[str, float]:
+        """The cluster tier's counters, latencies and breaker, flattened."""
+        snap = self.backend.remote_tier.snapshot()
+        out = {f"remote_{k}": float(v) for k, v in snap.get("counters", {}).items()}
+        for op, q in snap.get("latency", {}).items():
+            for name, v in q.items():
+                out[f"remote_{op}_{name}"] = float(v)
+        out["remote_breaker_open"] = float(snap["breaker"] != "closed")
+        st = self.stats
+        out.update(remote_hit_blocks=st.remote_hit_blocks,
+                   remote_found_blocks=st.remote_found_blocks,
+                   remote_published_blocks=st.remote_published_blocks,
+                   ssd_writes_skipped_remote=st.ssd_writes_skipped_remote,
+                   ssd_bytes_saved_remote=st.ssd_writes_skipped_remote * self.cfg.block_bytes)
+        return out
 
     def _drop_scrubbed(self, handles: np.ndarray, keys: np.ndarray) -> None:
         """The scrub found these SSD slots bad: a recovered block not yet

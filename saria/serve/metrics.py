@@ -1,7 +1,8 @@
 """What ``saria serve`` counts, for its Prometheus endpoint and ``saria status``.
 
 Per engine (the hello's ``name``): blocks looked up and blocks served from
-DRAM and from the SSD, in blocks and bytes; per server: sessions (open
+DRAM, from the SSD and (``--remote``) from the cluster tier, in blocks and
+bytes; per server: sessions (open
 leases), leases expired, RPC count and latency (a histogram per op), and each
 namespace's cache gauges (DRAM use, SSD free space, write budget).
 """
@@ -40,7 +41,12 @@ class ServerMetrics:
     def served(self, s, spec, served: int) -> None:
         slot = self.server.caches[s.namespace].backend.pool.slot_bytes
         e = self.engines[s.engine]
-        for name, n in zip(("dram", "ssd"), spec.hits(served)):
+        dram, ssd = spec.hits(served)
+        figures = [("dram", dram), ("ssd", ssd)]
+        if self.server.cfg.remote is not None:  # fetched from the cluster tier, counted apart
+            remote = spec.remote_hits(served)
+            figures = [("dram", dram - remote), ("ssd", ssd), ("remote", remote)]
+        for name, n in figures:
             e[f"{name}_hit_blocks"] += n
             e[f"{name}_hit_bytes"] += n * slot
 

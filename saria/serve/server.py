@@ -25,6 +25,15 @@ Specs stay in the server. ``prepare_load`` / ``prepare_store`` /
 id; ``complete_*`` and ``cancel_load`` name the id. A client cannot forge or
 alter a spec, and an id of another session is refused.
 
+The cluster tier. With ``remote`` (the keys of
+``saria.tiers.remote.RemoteSettings.from_mapping``; ``saria serve --remote
+mooncake://HOST:PORT``) every namespace's cache also has a ``RemoteTier``,
+this node's one client of the Mooncake Store the fleet shares, under the
+namespace's digest: engines of the same layout on other nodes find what this
+node published, and fetched blocks reach engines as verified DRAM blocks
+(``saria.core.remote``). Its counters, latencies and breaker state are among
+the namespace's gauges (``remote_*``: ``saria status``, Prometheus).
+
 Invariants: a malformed frame, a wrong protocol version or a call the cache
 rejects gets an error reply and changes nothing; the loop itself never raises
 on client input.
@@ -81,6 +90,8 @@ class ServerConfig:
     events: str | None = None  # ZMQ PUB endpoint of the node's KV events (None: off)
     node: str = ""             # the node's name in event topics (default: the host name)
     scrub_bytes_per_s: float = 0.0  # background SSD scrub of each namespace's store (0: off)
+    # the cluster tier: RemoteSettings.from_mapping's keys (None: off)
+    remote: dict | None = None
 
     def __post_init__(self) -> None:
         if self.max_models < 1:
@@ -92,6 +103,10 @@ class ServerConfig:
         if not self.scrub_bytes_per_s >= 0:
             raise ConfigError("scrub_rate", f"must be >= 0, got {self.scrub_bytes_per_s}")
         make_admission(self.admission, dwpd=self.dwpd)  # a bad name fails here, naming the key
+        if self.remote is not None:
+            from saria.tiers.remote import RemoteSettings
+
+            RemoteSettings.from_mapping(self.remote)  # a bad setting fails here, naming its key
 
 
 def namespace_of(layout: dict) -> str:
@@ -124,6 +139,7 @@ class CacheServer:
             os.makedirs(os.path.dirname(cfg.listen[len("ipc://"):]) or ".", mode=0o700,
                         exist_ok=True)
         self.caches: dict[str, TieredCache] = {}
+        self.remotes: dict[str, object] = {}  # namespace -> its RemoteTier (--remote)
         self.layouts: dict[str, dict] = {}
         self.pools: dict[str, str] = {}
         self.sessions: dict[str, Session] = {}
@@ -198,6 +214,9 @@ class CacheServer:
                 cache.flush()
             finally:
                 cache.close()
+        for tier in self.remotes.values():
+            tier.close()
+        self.remotes.clear()
         for path in self.pools.values():
             try:
                 os.unlink(path)
@@ -324,6 +343,7 @@ class CacheServer:
         if dirs and make_admission(self.cfg.admission).writes_on_create and slots > 1:
             staging = max(1, slots // 8)  # write-through of blocks DRAM does not keep
         pool = os.path.join(POOL_DIR, f"{_pool_prefix()}{os.getpid()}-{self.boot}-{ns}")
+        remote = self._remote_tier(ns, slot_bytes)
         try:
             cache = TieredCache(CacheConfig(
                 block_bytes=slot_bytes, dram_bytes=dram, ssd_dirs=dirs,
@@ -332,11 +352,16 @@ class CacheServer:
                 shared_pool=pool, staging_slots=staging, pin=self.cfg.pin,
                 events=self.publisher is not None,
                 ssd_scrub_bytes_per_s=self.cfg.scrub_bytes_per_s,
-                ssd_parts=layout["tp_size"]))  # each rank's worker reads its part of a block
+                ssd_parts=layout["tp_size"]),  # each rank's worker reads its part of a block
+                remote=remote)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(pool)
+            if remote is not None:
+                remote.close()
             raise
+        if remote is not None:
+            self.remotes[ns] = remote
         os.chmod(pool, 0o600)
         self.pools[ns] = pool
         self.caches[ns] = cache
@@ -350,6 +375,21 @@ class CacheServer:
                  "recovered)", ns, layout["model"], g["dram_slots"], slot_bytes,
                  ", ".join(dirs) or "off", g["ssd_recovered_unadopted"])
         return cache
+
+    def _remote_tier(self, ns: str, slot_bytes: int):
+        """The namespace's client of the cluster tier (``--remote``), or None."""
+        if self.cfg.remote is None:
+            return None
+        from saria.tiers.remote import RemoteSettings, RemoteSetupError, RemoteTier
+
+        settings = RemoteSettings.from_mapping(self.cfg.remote)
+        try:
+            tier = RemoteTier(settings, ns, slot_bytes)
+        except RemoteSetupError as e:
+            raise P.RemoteError("config", str(e)) from None
+        log.info("saria serve: namespace %s: cluster tier at %s (segment %d B, deadline %g s)",
+                 ns, settings.master, settings.segment_bytes, settings.deadline_s)
+        return tier
 
     def _ping(self, s: Session, args: dict):
         return {"lease_s": self.cfg.lease_s}

@@ -47,9 +47,10 @@ from saria.index import RadixIndex, Tier, VirtualClock
 from saria.keys.trace import trace_block_keys
 from saria.policy import AdmissionPolicy, PromotionPolicy
 from saria.sim.presets import Preset
+from saria.sim.remote import RemoteTierModel
 from saria.transfer import LinkModel, ReloadQueue, reload_time
 
-GPU, DRAM, SSD = Tier.GPU, Tier.DRAM, Tier.SSD
+GPU, DRAM, SSD, REMOTE = Tier.GPU, Tier.DRAM, Tier.SSD, Tier.REMOTE
 LOOKUPS = ("unified", "tier-by-tier")
 
 
@@ -159,7 +160,8 @@ class Replay:
     """
 
     def __init__(self, setup: ReplaySetup, *, cache=None, mover=None,
-                 clock: VirtualClock | None = None, remote=None, node_id: int = 0) -> None:
+                 clock: VirtualClock | None = None, remote=None, node_id: int = 0,
+                 core_cluster: bool = True) -> None:
         if setup.lookup not in LOOKUPS:
             raise ValueError(f"unknown lookup {setup.lookup!r}; valid: {', '.join(LOOKUPS)}")
         self.setup = setup
@@ -173,9 +175,17 @@ class Replay:
         self.link = LinkModel(hw.link_Bps, hw.dram_copy_Bps, hw.ssd_total_read_Bps,
                               hw.pacing_efficiency, hw.contention_ssd_share)
         self.clock = clock or VirtualClock()
+        # The node's own cluster tier in the core (``Tier.REMOTE``: the preset's
+        # ``remote_*``; none by default, and none in a fleet: its nodes share
+        # ``saria.sim.cluster``'s model beside their cores, or are islands).
+        self.cluster_model = (RemoteTierModel.from_hardware(hw)
+                              if core_cluster and remote is None and not self.hybrid else None)
         if cache is None:
             index = RadixIndex(setup.metadata_budget(), hybrid=self.hybrid, clock=self.clock)
-            backend = CountingBackend(setup.capacities(), state_units=setup.state_units)
+            cluster = (self.cluster_model.keys(self.block_bytes)
+                       if self.cluster_model is not None else None)
+            backend = CountingBackend(setup.capacities(), state_units=setup.state_units,
+                                      cluster=cluster)
             cache = CacheManager(index, setup.admission, setup.promotion, backend,
                                  record_writes=True)
         self.cache = cache
@@ -250,7 +260,12 @@ class Replay:
         from_dram = (seg & DRAM.bit) != 0
         if self.setup.lookup == "tier-by-tier" and hit > gpu_run and not from_dram[0]:
             from_dram[:] = False  # the run came from the SSD tier alone
-        ssd_pos = np.flatnonzero(~from_dram) + gpu_run
+        from_cluster = None
+        if self.cluster_model is not None:  # only the cluster holds them: fetched into DRAM
+            from_cluster = ((seg & REMOTE.bit) != 0) & ((seg & (DRAM.bit | SSD.bit)) == 0)
+            ssd_pos = np.flatnonzero(~from_dram & ~from_cluster) + gpu_run
+        else:
+            ssd_pos = np.flatnonzero(~from_dram) + gpu_run
         n_dram = int(from_dram.sum())
         n_ssd = ssd_pos.shape[0]
         dram_bytes, ssd_bytes = n_dram * self.block_bytes, n_ssd * self.block_bytes
@@ -266,7 +281,11 @@ class Replay:
         # (one request of look-ahead, as a connector loads while the previous
         # prefill runs) and shares the ingress link with earlier reloads.
         issued = max(a.time, self.gpu_started)
-        loaded = self.reloads.submit(issued, dram_bytes, ssd_bytes)
+        fetched = issued
+        if from_cluster is not None:
+            fetched, dram_bytes = self._cluster_fetch(from_cluster, hit < limit, issued,
+                                                      dram_bytes)
+        loaded = max(fetched, self.reloads.submit(issued, dram_bytes, ssd_bytes))
         remote = 0  # blocks past the local prefix read from the cluster tier
         if self.remote is not None and not self.hybrid and hit < limit:
             remote, fetched = self.remote.fetch(self, keys, hit, limit, issued)
@@ -304,6 +323,21 @@ class Replay:
 
     # ---------------------------------------------------------- mechanics
 
+    def _cluster_fetch(self, from_cluster: np.ndarray, past: bool, issued: float,
+                       dram_bytes: int) -> tuple[float, int]:
+        """The core's cluster tier: a request reaching past its local prefix
+        pays one lookup round trip; its cluster-only blocks cross the node's
+        link to the cluster, then go to the GPU as DRAM blocks. Returns (when
+        the fetch ends, the DRAM bytes to copy)."""
+        model = self.cluster_model
+        n = int(from_cluster.sum())
+        end = issued + (model.lookup_s() if past or n else 0.0)
+        if n:
+            end += model.transfer_s(n * self.block_bytes, n)
+            self.stats.hit_tokens["CLUSTER"] = (self.stats.hit_tokens.get("CLUSTER", 0)
+                                                + n * self.block_size)
+        return end, dram_bytes + n * self.block_bytes
+
     def _drive_cache(self, keys, hit, gpu_run, ckpt_tier, ssd_pos, n_dram, session,
                      known) -> None:
         """The request's effect on the cache, through the core's verbs in the
@@ -312,6 +346,9 @@ class Replay:
         cache.touch(keys, hits=hit, checkpoint_at=hit if ckpt_tier is not None else 0)
         if hit > gpu_run:  # the engine loads only past its own GPU hit
             load = cache.prepare_load(keys, hit, start=gpu_run)
+            if load.remote.size and isinstance(cache, CacheManager):  # the counting fetch
+                ok = cache.backend.fetch_remote(load.path[load.remote], load.slots[load.remote])
+                load = cache.complete_fetch(load, ok)
             cache.complete_load(load, mover.load(load))
         if self.gpu_on:
             cache.place(keys, GPU, session=session)

