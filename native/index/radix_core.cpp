@@ -397,7 +397,13 @@ std::vector<EvictedBlock> RadixCore::evict(int tier, size_t count, double cutoff
     uint32_t h = head_[tier];
     if (h == kNil) break;
     Node& nd = nodes_[h];
-    if (nd.next[tier] != kNil) prefetch_node(nd.next[tier]);
+    // The next candidate was fetched one victim ago: fetch the one after it
+    // and the next one's parent (clear_tier updates it) now.
+    if (uint32_t nx = nd.next[tier]; nx != kNil) {
+      const Node& nn = nodes_[nx];
+      if (nn.next[tier] != kNil) prefetch_node(nn.next[tier]);
+      __builtin_prefetch(&nodes_[nn.parent].tier_children[0], 1);
+    }
     if (nd.tier_time[tier] > cutoff) break;  // the list is time-ordered
     if (nd.tier_children[tier] > 0) {         // not a leaf in this tier: park
       unlink(h, tier);
@@ -559,10 +565,15 @@ std::vector<EvictedBlock> RadixCore::ckpt_evict(int tier, size_t count, double c
 
 // ---------------------------------------------------------- introspection
 
+size_t RadixCore::handles_bytes() const {
+  size_t bytes = path_keys_.capacity() + path_.capacity() * sizeof(uint32_t);
+  for (const SavedHandle& h : saved_) bytes += h.keys.capacity() + h.nodes.capacity() * sizeof(uint32_t);
+  return bytes;
+}
+
 size_t RadixCore::memory_bytes() const {
   return nodes_.capacity() * sizeof(Node) + free_.capacity() * sizeof(uint32_t) +
-         table_.capacity() * sizeof(uint64_t) + path_keys_.capacity() +
-         path_.capacity() * sizeof(uint32_t) +
+         table_.capacity() * sizeof(uint64_t) + handles_bytes() +
          ckpts_.size() * (sizeof(Checkpoint) + 48) +
          (ckpt_lru_[0].size() + ckpt_lru_[1].size() + ckpt_lru_[2].size()) * 48;
 }
@@ -917,12 +928,40 @@ size_t common_keys(const uint8_t* a, const uint8_t* b, size_t k) {
 }  // namespace
 
 uint32_t RadixCore::walk(const uint8_t* keys, size_t n) const {
+  const size_t held = path_keys_.size() / kKeyBytes;
+  size_t same = common_keys(keys, path_keys_.data(), std::min(n, held));
+  if (same < n && same < held) {  // leaves the current handle: a saved one may share more
+    ++departures_;
+    int best = -1, lru = 0;
+    for (int s = 0; s < kSavedHandles; ++s) {
+      const SavedHandle& h = saved_[s];
+      if (h.used < saved_[lru].used) lru = s;
+      const size_t lim = std::min(n, h.keys.size() / kKeyBytes);
+      // Sharing more than `same` keys needs key `same` to be equal first.
+      if (lim <= same || std::memcmp(keys + same * kKeyBytes, h.keys.data() + same * kKeyBytes,
+                                     kKeyBytes) != 0)
+        continue;
+      const size_t c = common_keys(keys, h.keys.data(), lim);
+      if (c > same) {
+        best = s;
+        same = c;
+      }
+    }
+    SavedHandle& h = saved_[best >= 0 ? best : lru];
+    std::swap(h.keys, path_keys_);
+    std::swap(h.nodes, path_);
+    std::swap(h.epoch, path_epoch_);
+    h.used = departures_;
+    if (best < 0) {  // no saved one shares more: the current one's shared prefix goes on
+      path_keys_.assign(h.keys.begin(), h.keys.begin() + same * kKeyBytes);
+      path_.assign(h.nodes.begin(), h.nodes.begin() + std::min(same, h.nodes.size()));
+      path_epoch_ = h.epoch;
+    }
+  }
   if (path_epoch_ != epoch_) {  // a node left the tree since: nothing of the handle holds
     path_.clear();
     path_epoch_ = epoch_;
   }
-  const size_t held = path_keys_.size() / kKeyBytes;
-  const size_t same = common_keys(keys, path_keys_.data(), std::min(n, held));
   if (same < n) {  // the handle follows these keys from here on
     path_keys_.resize(n * kKeyBytes);
     std::memcpy(path_keys_.data() + same * kKeyBytes, keys + same * kKeyBytes,

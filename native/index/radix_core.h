@@ -49,7 +49,9 @@
 // handle is dropped whenever a node leaves the tree: epoch_) and probes the
 // key table only past it. The verbs of one request all walk prefixes of its
 // keys, so together they cost one walk; every answer is a fresh walk's by
-// construction (a live node's key and parent never change). Because queries
+// construction (a live node's key and parent never change). A few earlier
+// handles are saved too (saved_): a request of a session whose earlier turn
+// was walked a few requests ago walks only past that turn's path. Because queries
 // update the handle, no call -- not even a query -- may run concurrently
 // with another on one core (the Python facade holds a lock).
 #pragma once
@@ -342,6 +344,7 @@ class RadixCore {
   // The known prefix of keys[0..n): returns its length m; its nodes are
   // path_[0..m) (valid until the next walk or the next node drop).
   uint32_t walk(const uint8_t* keys, size_t n) const;
+  size_t handles_bytes() const;  // the current and the saved handles' memory
   void prefetch_node(uint32_t idx) const;
   double advance(double now) {
     if (now > last_now_) last_now_ = now;
@@ -358,6 +361,21 @@ class RadixCore {
   mutable std::vector<uint8_t> path_keys_;
   mutable std::vector<uint32_t> path_;
   mutable uint64_t path_epoch_ = 0;
+  // Earlier handles, so that a request whose prefix a recent other request
+  // walked (a session's earlier turn, with other sessions' requests in
+  // between) walks only past it: a walk that leaves the current handle
+  // swaps in the saved one sharing the longest prefix with its keys (the
+  // current one is saved in its place, or in the least recently used one's).
+  // Each keeps its epoch: the same rule voids it.
+  struct SavedHandle {
+    std::vector<uint8_t> keys;
+    std::vector<uint32_t> nodes;
+    uint64_t epoch = 0;
+    uint64_t used = 0;
+  };
+  static constexpr int kSavedHandles = 8;
+  mutable SavedHandle saved_[kSavedHandles];
+  mutable uint64_t departures_ = 0;  // walks that left the current handle
   uint64_t mask_ = 0;
   size_t num_nodes_ = 0;  // live nodes, excluding the root
   size_t resident_[kNumTiers] = {};
