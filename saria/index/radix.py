@@ -26,10 +26,10 @@ path it walked (a path handle, see ``native/index/radix_core.h``): the verbs
 of one request, which all name prefixes of its keys, cost one walk between
 them, with the answers of fresh walks.
 
-Memory: each tracked block costs ``node_bytes`` (224 B: four tiers) in the node
-array plus 16-32 B in the key table (8 B entries at load factor 0.25-0.5) and
-the vector's slack: about 290 B per block on the WEKA trace, measured by
-``saria bench index``. A budget of 4 M blocks is ~1.2 GB.
+Memory: each tracked block costs ``node_bytes`` (256 B: four tiers, four cache
+lines) in the node array plus 16-32 B in the key table (8 B entries at load
+factor 0.25-0.5) and the vector's slack: about 332 B per block on the WEKA
+trace, measured by ``saria bench index``. A budget of 4 M blocks is ~1.3 GB.
 """
 
 from __future__ import annotations
