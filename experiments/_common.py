@@ -162,7 +162,9 @@ def sweep(trace_obj, preset_obj, policies: Sequence[str], *, drams=(None,), arri
 _TRACES: dict = {}
 
 
-def _run_one(job: tuple) -> dict:
+def run_one(job: tuple) -> dict:
+    """One (tags, trace_key, policy, preset, ReadPath, make_setup kwargs,
+    arrivals spec) job in this process; its report row."""
     from saria.sim.replay import make_setup, run_policy
     from saria.traces.arrivals import ArrivalModel
     tags, trace_key, policy, preset_obj, read_path, kwargs, arrivals = job
@@ -179,13 +181,14 @@ def _run_one(job: tuple) -> dict:
     return row
 
 
-def run_many(traces: dict, jobs_list: list[tuple], jobs: int) -> list[dict]:
+def run_many(traces: dict, jobs_list: list, jobs: int, fn=None) -> list[dict]:
     """Runs (tags, trace_key, policy, preset, ReadPath, make_setup kwargs,
-    arrivals spec) jobs in forked workers; rows in input order."""
+    arrivals spec) jobs in forked workers (through `fn`, default
+    ``run_one``); rows in input order."""
     from saria.sim.sweep import parallel_map
     global _TRACES
     _TRACES = traces
-    return parallel_map(_run_one, jobs_list, jobs=jobs)
+    return parallel_map(fn or run_one, jobs_list, jobs=jobs)
 
 
 # ------------------------------------------------------------------ output

@@ -196,6 +196,103 @@ def test_bucket_invariants_under_random_streams(batches):
     assert s["spent_units"] == p.spent and 0.0 <= s["level"] <= 1.0
 
 
+def _gaps():
+    returns = ReturnGaps()
+    returns.observe(np.geomspace(1, 3000, 400), now=0.0)
+    return returns
+
+
+def test_class_first_once_the_proven_fill_the_rate():
+    """Each ten seconds, 50 first victims and 8 second victims (0.8 of a
+    rating of one unit a second): once the proven supply has been watched,
+    the policy writes the second victims -- what E2 writes -- and no first
+    victim. With 2 second victims (0.2 of the rate) it stays cross-class and
+    buys first victims too."""
+    for second, class_first in ((8, True), (2, False)):
+        p = _budget(returns=_gaps())
+        bought, offered = {1: 0, 2: 0}, {1: 0, 2: 0}
+        for t in range(0, 86_400, 10):
+            for ev, n in ((1, 50), (2, second)):
+                want = _evict(p, n, float(t), idle=30.0, ev=ev)
+                if t >= 3600:
+                    bought[ev] += int(want.sum())
+                    offered[ev] += n
+        assert p.class_first is class_first
+        if class_first:
+            assert bought[2] == offered[2] and bought[1] == 0
+        else:
+            assert bought[1] > 0.05 * offered[1]
+
+
+def _create(p, n, now):
+    return p.on_create(KEYS[:n], now)
+
+
+def test_written_at_creation_while_creating_fits_the_rate():
+    """Blocks created at half the rating are written as they are created once
+    their cost has been watched ``create_young_s`` (none before); created at
+    twice the rating, none is; neither ever takes the day past its room."""
+    for per_10s, fits in ((5, True), (20, False)):
+        p = _budget()
+        early = late = 0
+        for t in range(0, 86_400, 10):
+            got = int(_create(p, per_10s, float(t)).sum())
+            if t < p.create_young_s:
+                early += got
+            elif t >= p.create_young_s + 3600:
+                late += got
+        assert early == 0
+        assert late == ((86_400 - p.create_young_s - 3600) // 10 * per_10s if fits else 0)
+        assert p.state(86_400.0)["day_room_units"] >= 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(batches=st.lists(st.tuples(st.floats(0, 20_000), st.integers(0, 60), st.floats(0, 5000),
+                                  st.integers(1, 3), st.sampled_from(["evict", "access", "create"])),
+                        min_size=1, max_size=40))
+def test_the_guarantee_over_every_window(batches):
+    """Whatever the stream of victims (any class), early writes and
+    creations: no window of a day holds more than a day's rating, no window
+    of length T more than the rating over T plus a day (brute force over all
+    windows, and the replay's write_excess_h agrees), already-persisted
+    blocks are never admitted, the state's figures are consistent."""
+    from saria.sim.report import write_day_peak, write_excess_h
+
+    p = _budget(units=864, returns=_gaps())  # 0.01 unit/s: 864 units a day
+    now, log = 0.0, []
+    p.tick(now)
+    for dt, n, idle, ev, kind in batches:
+        now += dt
+        skip = np.arange(n) % 3 == 0
+        z = np.zeros(n, np.uint32)
+        if kind == "create":
+            want = _create(p, n, now)
+        elif kind == "access":
+            want = p.on_access(KEYS[:n], z, z, now, last_access=np.full(n, now), on_ssd=skip)
+        else:
+            want = p.on_evict(KEYS[:n], z, z, np.full(n, ev, np.uint32), now,
+                              last_access=np.full(n, now - idle), on_ssd=skip)
+        if kind != "create":
+            assert not (want & skip).any()
+        log.append((now, int(want.sum())))
+    t = np.array([0.0] + [x[0] for x in log])
+    w = np.array([0] + [x[1] for x in log])
+    day = p.rate * DAY
+    excess = peak = 0.0
+    for i in range(len(t)):
+        for j in range(i, len(t)):
+            written = w[i:j + 1].sum()
+            if t[j] - t[i] < DAY:
+                assert written <= day + 1e-9
+                peak = max(peak, written)
+            assert written <= p.rate * (t[j] - t[i]) + day + 1e-9
+            excess = max(excess, written - p.rate * (t[j] - t[i]))
+    assert write_excess_h(log, p.rate, 0.0) * 3600 * p.rate == pytest.approx(excess, abs=1e-6)
+    assert write_day_peak(log, p.rate) * day == pytest.approx(peak, abs=1e-6)
+    s = p.state(now)
+    assert s["spent_units"] == p.spent == w.sum() and 0.0 <= s["level"] <= 1.0
+
+
 def test_budget_names_and_bad_settings():
     assert make_admission("budget").name == "budget"
     p = make_admission("budget:0.5", dwpd=3)
@@ -207,6 +304,8 @@ def test_budget_names_and_bad_settings():
             make_admission(bad)
     with pytest.raises(ConfigError, match="dwpd"):
         make_admission("budget", dwpd=0)
+    with pytest.raises(ConfigError, match="day_s"):
+        BudgetAdmission(day_s=0)
 
 
 # ------------------------------------------------------------- promotion

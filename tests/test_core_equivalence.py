@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from saria.index import Tier, VirtualClock
 from saria.policy import POLICIES
+from saria.policy.budget import BudgetAdmission
 from saria.runtime import TieredCache
 from saria.sim.engine import Arrival, Replay
 from saria.sim.presets import get_preset
@@ -146,6 +147,29 @@ def test_real_tiers_decide_as_the_simulation(streams, trace, promotion, policy, 
                                 dram_blocks=dram, ssd_blocks=ssd,
                                 trace_block_size=trace_block_size, tmp_path=tmp_path)
     assert sum(sim.stats.hit_blocks) > 0
+    assert_same(sim, real, state)
+
+
+BUDGET_MODES = {  # the budget's two modes, reached within the short streams
+    "create": dict(create_young_s=60.0, create_share=1e9),  # written at creation
+    "class-first": dict(young_s=60.0, proven_high=0.0, proven_low=0.0),
+}
+
+
+@pytest.mark.parametrize("trace", ["weka", "hybrid"])
+@pytest.mark.parametrize("mode", BUDGET_MODES)
+def test_budget_modes_decide_as_the_simulation(streams, trace, mode, tmp_path, monkeypatch):
+    """The budget's writes at creation and its class-first mode (watched a
+    minute, not 2 h / 10 min, with the bar lowered so the streams reach
+    them): the engine decides as the replay, and the mode did write."""
+    for k, v in BUDGET_MODES[mode].items():
+        monkeypatch.setattr(BudgetAdmission, k, v)
+    _, preset, dram, ssd, trace_block_size, _ = TRACES[trace]
+    sim, real, state = run_both(streams(trace), "budget", preset, promotion="none",
+                                dram_blocks=dram, ssd_blocks=ssd,
+                                trace_block_size=trace_block_size, tmp_path=tmp_path)
+    used = sim.cache.admission.state(sim.clock.now)
+    assert used["created_units" if mode == "create" else "class_first_units"] > 0
     assert_same(sim, real, state)
 
 

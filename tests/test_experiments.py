@@ -58,10 +58,11 @@ SCRIPTS = {
         ("endurance.png",),
     ),
     "08_budget_headline": (
-        "headline.csv",
+        "table.csv",
         {"config", "model", "policy", "ssd_bytes_written", "write_budget_fraction",
-         "writes_vs_full_duplicate_pct", "ttft_mean_vs_dram_only_pct", "ttft_mean_s"},
-        4 + 5,  # the default slice's quick frontier (4 headline policies) + hybrid 16 GB x 5
+         "writes_vs_full_duplicate_pct", "ttft_mean_vs_dram_only_pct", "ttft_mean_s",
+         "write_excess_h"},
+        2 * 5,  # the default slice and hybrid 16 GB x the quick table's 5 policies
         ("frontier.png", "headline.png"),
     ),
 }

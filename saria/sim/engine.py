@@ -83,6 +83,7 @@ class ReplayStats:
     prefill_s: float = 0.0
     first_arrival: float = float("inf")
     last_done: float = 0.0
+    write_log: list = field(default_factory=list)  # (time, SSD bytes written then)
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +326,7 @@ class Replay:
         for written, is_state in cache.take_ssd_writes():
             size = self.state_bytes if is_state else self.block_bytes
             np.add.at(self.stats.ssd_bytes_written, self._drive(written), size)
+            self.stats.write_log.append((self.clock.now, size * written.shape[0]))
             if not is_state:
                 self._ssd_written_batches.append(written)
 

@@ -34,6 +34,7 @@ def policy_report(replay: Replay) -> dict:
         budget = end.budget_fraction
     else:
         lifetime, budget = float("inf"), 0.0
+    rating = float(hw.ssd_bytes) * hw.dwpd * replay.n_drives / 86_400.0  # bytes per second
     written_blocks, unread_blocks = replay.ssd_writes_never_read()
     return {
         "requests": st.requests,
@@ -65,10 +66,40 @@ def policy_report(replay: Replay) -> dict:
         "prefill_s_total": st.prefill_s,
         "ssd_lifetime_days": None if lifetime == float("inf") else lifetime,
         "write_budget_fraction": budget,
+        "write_excess_h": write_excess_h(st.write_log, rating, st.first_arrival),
+        "write_day_peak_fraction": write_day_peak(st.write_log, rating),
         "ssd_blocks_written_distinct": written_blocks,
         "ssd_writes_never_read_fraction": unread_blocks / written_blocks if written_blocks else None,
         "dram_hit_bytes_share": hits["DRAM"] / max(hits["DRAM"] + hits["SSD"], 1),
     }
+
+
+def write_excess_h(log, rating_Bps: float, start: float = 0.0) -> float:
+    """The most a policy wrote above the drives' rating over any window of
+    the replay, in hours of the rating: ``max over a <= b of (written in
+    [a, b] - rating x (b - a)) / (rating x 3600)``. 0 when no window beats
+    the rating; a token bucket of room B hours stays within B."""
+    if not log or rating_Bps <= 0:
+        return 0.0
+    t = np.array([start] + [x[0] for x in log], float)
+    w = np.array([0.0] + [float(x[1]) for x in log])
+    # D(t) = written up to and including t, less the rating's accrual; the
+    # excess is the largest rise of D (before the writes at a to after those at b)
+    d_after = np.cumsum(w) - rating_Bps * t
+    d_before = d_after - w
+    low = np.minimum.accumulate(d_before)
+    return max(float(np.max(d_after - low)), 0.0) / (rating_Bps * 3600.0)
+
+
+def write_day_peak(log, rating_Bps: float, day_s: float = 86_400.0) -> float:
+    """The most written in any window of a day, ``(t - day, t]``, as a share
+    of a day's rating (budget admission's guarantee keeps it at most 1)."""
+    if not log or rating_Bps <= 0:
+        return 0.0
+    t = np.array([x[0] for x in log], float)
+    c = np.concatenate([[0.0], np.cumsum([float(x[1]) for x in log])])
+    first = np.searchsorted(t, t - day_s, side="right")  # the window's first write
+    return float(np.max(c[1:] - c[first])) / (rating_Bps * day_s)
 
 
 def _pct(x: np.ndarray, q: float) -> float:
