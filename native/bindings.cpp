@@ -63,6 +63,38 @@ nb::dict evicted_to_dict(std::vector<EvictedBlock>&& ev) {
   return d;
 }
 
+// The per-block history arrays of history() and touch_history() (with
+// `previous`: the last access before a touch too).
+struct HistoryArrays {
+  std::vector<uint32_t> reuse, hits, dram_ev;
+  std::vector<double> last, prev;
+  std::vector<uint8_t> tiers, ckpt, filling;
+  HistoryArrays(size_t n, bool previous)
+      : reuse(n), hits(n), dram_ev(n), last(n), prev(previous ? n : 0), tiers(n), ckpt(n),
+        filling(n) {}
+  saria::TouchHistory out() {
+    return {reuse.data(), hits.data(), dram_ev.data(), last.data(),
+            prev.empty() ? nullptr : prev.data(), tiers.data(), ckpt.data(), filling.data()};
+  }
+  nb::dict to_dict(size_t k) {
+    nb::dict d;
+    bool previous = !prev.empty();
+    for (auto* v : {&reuse, &hits, &dram_ev}) v->resize(k);
+    last.resize(k);
+    prev.resize(previous ? k : 0);
+    for (auto* v : {&tiers, &ckpt, &filling}) v->resize(k);
+    d["reuse"] = to_numpy(std::move(reuse), {k});
+    d["hits"] = to_numpy(std::move(hits), {k});
+    d["dram_evictions"] = to_numpy(std::move(dram_ev), {k});
+    d["last_access"] = to_numpy(std::move(last), {k});
+    if (previous) d["previous_access"] = to_numpy(std::move(prev), {k});
+    d["tiers"] = to_numpy(std::move(tiers), {k});
+    d["checkpoints"] = to_numpy(std::move(ckpt), {k});
+    d["filling"] = to_numpy(std::move(filling), {k});
+    return d;
+  }
+};
+
 }  // namespace
 
 NB_MODULE(_native, m) {
@@ -88,14 +120,17 @@ NB_MODULE(_native, m) {
       .def(nb::init<uint64_t, bool>(), "max_nodes"_a, "hybrid"_a)
       .def(
           "match",
-          [](const RadixCore& c, KeyArray keys) {
+          [](RadixCore& c, KeyArray keys, bool lock) {
             size_t n = keys.shape(0);
             std::vector<uint8_t> masks(n), ckpt(n), fill(n);
             std::vector<uint32_t> slots(n);
             saria::MatchResult r;
             {
               nb::gil_scoped_release rel;
-              r = c.match(keys.data(), n, masks.data(), slots.data(), ckpt.data(), fill.data());
+              r = lock ? c.match_lock(keys.data(), n, masks.data(), slots.data(), ckpt.data(),
+                                      fill.data())
+                       : c.match(keys.data(), n, masks.data(), slots.data(), ckpt.data(),
+                                 fill.data());
             }
             size_t k = r.n_known;
             masks.resize(k);
@@ -107,37 +142,35 @@ NB_MODULE(_native, m) {
                                   to_numpy(std::move(slots), {k}), to_numpy(std::move(ckpt), {k}),
                                   to_numpy(std::move(fill), {k}));
           },
+          "keys"_a, "lock"_a = false)
+      .def(
+          "residency",
+          [](const RadixCore& c, KeyArray keys) {
+            size_t n = keys.shape(0);
+            std::vector<uint8_t> masks(n), ckpt(n);
+            uint32_t m;
+            {
+              nb::gil_scoped_release rel;
+              m = c.residency(keys.data(), n, masks.data(), ckpt.data());
+            }
+            masks.resize(m);
+            ckpt.resize(m);
+            size_t k = m;
+            return nb::make_tuple(m, to_numpy(std::move(masks), {k}), to_numpy(std::move(ckpt), {k}));
+          },
           "keys"_a)
       .def(
           "history",
           [](const RadixCore& c, KeyArray keys) {
-            size_t n = keys.shape(0);
-            std::vector<uint32_t> reuse(n), hits(n), dram_ev(n);
-            std::vector<double> last(n);
-            std::vector<uint8_t> tiers(n), ckpt(n), filling(n);
+            HistoryArrays h(keys.shape(0), false);
             uint32_t m;
             {
               nb::gil_scoped_release rel;
-              m = c.history(keys.data(), n, reuse.data(), hits.data(), dram_ev.data(), last.data(),
-                            tiers.data(), ckpt.data(), filling.data());
+              m = c.history(keys.data(), keys.shape(0), h.reuse.data(), h.hits.data(),
+                            h.dram_ev.data(), h.last.data(), h.tiers.data(), h.ckpt.data(),
+                            h.filling.data());
             }
-            size_t k = m;
-            reuse.resize(k);
-            hits.resize(k);
-            dram_ev.resize(k);
-            last.resize(k);
-            tiers.resize(k);
-            ckpt.resize(k);
-            filling.resize(k);
-            nb::dict d;
-            d["reuse"] = to_numpy(std::move(reuse), {k});
-            d["hits"] = to_numpy(std::move(hits), {k});
-            d["dram_evictions"] = to_numpy(std::move(dram_ev), {k});
-            d["last_access"] = to_numpy(std::move(last), {k});
-            d["tiers"] = to_numpy(std::move(tiers), {k});
-            d["checkpoints"] = to_numpy(std::move(ckpt), {k});
-            d["filling"] = to_numpy(std::move(filling), {k});
-            return d;
+            return h.to_dict(m);
           },
           "keys"_a)
       .def(
@@ -148,16 +181,30 @@ NB_MODULE(_native, m) {
           },
           "keys"_a, "n_hit"_a, "ckpt_at"_a, "now"_a)
       .def(
+          "touch_history",
+          [](RadixCore& c, KeyArray keys, uint32_t n_hit, uint32_t ckpt_at, double now) {
+            HistoryArrays h(keys.shape(0), true);
+            saria::TouchHistory out = h.out();
+            uint32_t m;
+            {
+              nb::gil_scoped_release rel;
+              m = c.touch(keys.data(), keys.shape(0), n_hit, ckpt_at, now, &out);
+            }
+            return nb::make_tuple(m, h.to_dict(m));
+          },
+          "keys"_a, "n_hit"_a, "ckpt_at"_a, "now"_a)
+      .def(
           "add",
           [](RadixCore& c, KeyArray keys, int tier, I64Array where, U32Array slots, uint32_t session,
-             double now, bool filling) {
+             double now, bool filling, bool lock) {
             if (where.shape(0) != slots.shape(0))
               throw std::invalid_argument("add: `where` and `slots` differ in length");
             nb::gil_scoped_release rel;
             return c.add(keys.data(), keys.shape(0), tier, where.data(), slots.data(),
-                         where.shape(0), session, now, filling);
+                         where.shape(0), session, now, filling, lock);
           },
-          "keys"_a, "tier"_a, "where"_a, "slots"_a, "session"_a, "now"_a, "filling"_a = false)
+          "keys"_a, "tier"_a, "where"_a, "slots"_a, "session"_a, "now"_a, "filling"_a = false,
+          "lock"_a = false)
       .def(
           "set_ready",
           [](RadixCore& c, KeyArray keys, int tier, double now) {
@@ -206,6 +253,18 @@ NB_MODULE(_native, m) {
             return evicted_to_dict(std::move(ev));
           },
           "tier"_a, "count"_a, "cutoff"_a, "now"_a)
+      .def(
+          "evict_pinned",
+          [](RadixCore& c, int tier, size_t count, double cutoff, double now, KeyArray pin,
+             bool unpin) {
+            std::vector<EvictedBlock> ev;
+            {
+              nb::gil_scoped_release rel;
+              ev = c.evict_pinned(tier, count, cutoff, now, pin.data(), pin.shape(0), unpin);
+            }
+            return evicted_to_dict(std::move(ev));
+          },
+          "tier"_a, "count"_a, "cutoff"_a, "now"_a, "pin"_a, "unpin"_a)
       .def("lock", [](RadixCore& c, KeyArray keys) { c.lock(keys.data(), keys.shape(0)); }, "keys"_a)
       .def(
           "unlock",

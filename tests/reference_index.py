@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TIERS = (0, 1, 2)
+TIERS = (0, 1, 2, 3)  # GPU, DRAM, SSD, REMOTE: as many as the native core
 DRAM = 1
 GHOST = "ghost"  # the metadata-only list (not a tier number)
 
@@ -163,8 +163,26 @@ class RefIndex:
                     nd.ckpt_time[t] = now
         return m
 
+    def touch_history(self, keys: list[bytes], hits: int, ckpt_at: int,
+                      now: float) -> tuple[int, list[tuple]]:
+        """touch, then each touched block's (reuse, hits, dram_evictions,
+        last_access, last_access before the touch, ready mask, ready
+        checkpoint mask, filling mask)."""
+        before = [n.last_access for n in self._walk(keys)]
+        m = self.touch(keys, hits, ckpt_at, now)
+        rows = [(n.reuse, n.hits, n.dram_evictions, n.last_access, before[i],
+                 sum(1 << t for t in n.ready), sum(1 << t for t in n.ready_ckpt),
+                 sum(1 << t for t in n.filling)) for i, n in enumerate(self._walk(keys))]
+        return m, rows
+
+    def match_lock(self, keys: list[bytes]) -> dict:
+        """match, then lock of the blocks the plan uses."""
+        r = self.match(keys)
+        self.lock(keys[:r["usable"]])
+        return r
+
     def add(self, keys: list[bytes], tier: int, where: list[int], slots: list[int],
-            session: int, now: float, filling: bool = False) -> int:
+            session: int, now: float, filling: bool = False, lock: bool = False) -> int:
         if not where:
             return 0
         if any(p < 0 or p >= len(keys) for p in where) or sorted(set(where)) != list(where):
@@ -197,6 +215,8 @@ class RefIndex:
             elif i >= m:
                 self._ghost_seq(nd)
         self._budget()
+        if lock:  # then locks the path up to the last position
+            self.lock(keys[:last])
         return last - m
 
     def add_existing(self, keys: list[bytes], tier: int, slots: list[int], now: float) -> None:
@@ -293,6 +313,15 @@ class RefIndex:
                             tiers_after=sum(1 << t for t in nd.tiers),
                             child_tiers=child_tiers,
                             ckpt=sum(1 << t for t in nd.ckpt)))
+        return out
+
+    def evict_pinned(self, tier: int, count: int, cutoff: float, now: float,
+                     pin: list[bytes], unpin: bool) -> list[dict]:
+        """lock(pin), evict, and with `unpin` unlock(pin)."""
+        self.lock(pin)
+        out = self.evict(tier, count, cutoff, now)
+        if unpin:
+            self.unlock(pin, now)
         return out
 
     def lock(self, keys: list[bytes]) -> None:

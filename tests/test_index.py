@@ -330,3 +330,52 @@ def test_path_handle_follows_prefixes_extensions_and_divergence():
     ix.unlock(k[:7])
     assert ix.residency(k)[0] == 7 and ix.residency(other)[0] == 10
     ix.check()
+
+
+def _fresh_walk(ix: RadixIndex, keys: np.ndarray) -> tuple[int, int]:
+    """(known, available) blocks of `keys` from a dump: a walk with no handle."""
+    d = ix.dump()
+    key_of = {int(i): bytes(k) for i, k in zip(d["index"], d["keys"])}
+    node = {bytes(k): (key_of.get(int(p)), int(t) & ~int(f))
+            for k, p, t, f in zip(d["keys"], d["parent"], d["tiers"], d["filling"])}
+    known = avail = 0
+    parent = None
+    for k in map(bytes, keys):
+        if k not in node or node[k][0] != parent:
+            break
+        known += 1
+        avail += avail == known - 1 and node[k][1] != 0
+        parent = k
+    return known, avail
+
+
+def test_saved_handles_serve_interleaved_sessions_as_fresh_walks():
+    """Requests of many sessions interleave: a walk that leaves the current
+    handle takes the saved one sharing the most with its keys. Every answer
+    must be a fresh walk's -- with more sessions than saved handles, with
+    paths grown since they were saved, and after the budget dropped nodes."""
+    rng = np.random.default_rng(7)
+    ix = RadixIndex(120)
+    # 12 sessions (more than the 8 saved handles), 3 sharing each opening
+    sessions = [prompt_keys([s // 3] * 8 + list(rng.integers(0, 50, 56))) for s in range(12)]
+    grown = [0] * len(sessions)  # leading blocks of each session made resident so far
+    slot = 0
+    for step in range(300):
+        s = int(rng.integers(0, len(sessions)))
+        keys = sessions[s]
+        assert (ix.match(keys).num_known, ix.match(keys).num_blocks) == _fresh_walk(ix, keys)
+        if step % 5 == 4 and grown[s] >= 3:  # the tail leaves DRAM: history only, droppable
+            ix.remove(keys[grown[s] - 3:grown[s]], Tier.DRAM)
+            grown[s] -= 3
+        else:
+            known = ix.residency(keys)[0]
+            n = min(keys.shape[0], known + 3)
+            pos = [p for p in range(n) if not ix.residency(keys[:p + 1])[1][p:p + 1].any()]
+            if pos:
+                ix.add(keys[:n], Tier.DRAM, np.arange(slot, slot + len(pos)), where=pos)
+                slot += len(pos)
+            grown[s] = n
+        other = sessions[int(rng.integers(0, len(sessions)))]
+        assert ix.residency(other)[0] == _fresh_walk(ix, other)[0]
+        ix.check()
+    assert ix.stats().ghosts_dropped > 0  # the budget dropped nodes on the way

@@ -130,17 +130,60 @@ class IndexMachine(RuleBasedStateMachine):
             lambda: self.ref.touch(keys, hits, ckpt_at, self.now))
         assert got == want
 
+    @rule(p=prompts, hits=st.integers(0, 8), ckpt_at=st.integers(0, 8))
+    def touch_history(self, p, hits: int, ckpt_at: int) -> None:
+        """One walk for a touch and its history: the same as touch then history."""
+        keys = chain_keys(*p)
+        got, want = self.both(
+            lambda: self.ix.touch_history(keys, hits=hits, checkpoint_at=ckpt_at, now=self.now),
+            lambda: self.ref.touch_history(keys, hits, ckpt_at, self.now))
+        if want is None:
+            return
+        m, h = got
+        assert m == want[0]
+        assert list(zip(h["reuse"], h["hits"], h["dram_evictions"], h["last_access"],
+                        h["previous_access"], h["tiers"], h["checkpoints"], h["filling"])) == \
+            want[1]
+
+    @rule(p=prompts)
+    def match_lock(self, p) -> None:
+        """A lookup that locks what it found: match, then lock of its blocks."""
+        keys = chain_keys(*p)
+        plan = self.ix.match(keys, lock=True)
+        r = self.ref.match_lock(keys)
+        assert (plan.num_known, plan.num_blocks, list(plan.masks), list(plan.slots)) == \
+            (r["n_known"], r["usable"], r["masks"], r["slots"])
+
+    @rule(tier=st.sampled_from(TIERS), count=st.integers(0, 5), p=prompts,
+          n=st.integers(0, 7), unpin=st.booleans(),
+          older_than=st.sampled_from([None, 0.0, 1.0]))
+    def evict_pinned(self, tier, count: int, p, n: int, unpin: bool, older_than) -> None:
+        """Pinned eviction: lock, evict and (with unpin) unlock in one call;
+        an unknown block in the pin makes the call invalid."""
+        pin = chain_keys(*p)[:n]
+        cutoff = float("inf") if older_than is None else self.now - older_than
+        got, want = self.both(
+            lambda: self.ix.evict(tier, count, older_than=older_than, now=self.now, pin=pin,
+                                  unpin=unpin),
+            lambda: self.ref.evict_pinned(int(tier), count, cutoff, self.now, pin, unpin))
+        if want is None:
+            return
+        assert [(bytes(k), int(s)) for k, s in zip(got.keys, got.slots)] == \
+            [(w["key"], w["slot"]) for w in want]
+
     @rule(p=prompts, tier=st.sampled_from(TIERS), data=st.data(), session=st.integers(0, 3),
-          filling=st.booleans())
-    def add(self, p, tier, data, session: int, filling: bool) -> None:
+          filling=st.booleans(), lock=st.booleans())
+    def add(self, p, tier, data, session: int, filling: bool, lock: bool) -> None:
+        """With `lock` the store pins what it placed: add then lock."""
         keys = chain_keys(*p)
         where = sorted(data.draw(st.sets(st.integers(0, len(keys)), max_size=len(keys))))
         slots = list(range(self.next_slot, self.next_slot + len(where)))
         self.next_slot += len(where)
         got, want = self.both(
             lambda: self.ix.add(keys, tier, slots, where=where, session=session,
-                                filling=filling, now=self.now),
-            lambda: self.ref.add(keys, int(tier), where, slots, session, self.now, filling))
+                                filling=filling, lock=lock, now=self.now),
+            lambda: self.ref.add(keys, int(tier), where, slots, session, self.now, filling,
+                                 lock))
         assert got == want
 
     @rule(tier=st.sampled_from(TIERS), data=st.data())

@@ -148,6 +148,30 @@ uint32_t RadixCore::history(const uint8_t* keys, size_t n, uint32_t* reuse, uint
   return m;
 }
 
+uint32_t RadixCore::residency(const uint8_t* keys, size_t n, uint8_t* masks,
+                              uint8_t* ckpt) const {
+  uint32_t m = walk(keys, n);
+  for (uint32_t i = 0; i < m; ++i) {
+    const Node& nd = nodes_[path_[i]];
+    masks[i] = nd.tiers;  // ready or filling: a slot is taken
+    ckpt[i] = nd.ckpt;
+  }
+  return m;
+}
+
+MatchResult RadixCore::match_lock(const uint8_t* keys, size_t n, uint8_t* masks,
+                                  uint32_t* slots, uint8_t* ckpt_masks, uint8_t* fill) {
+  MatchResult r = match(keys, n, masks, slots, ckpt_masks, fill);
+  // path_[0..n_known) are the matched nodes; n_usable <= n_known.
+  for (uint32_t i = 0; i < r.n_usable; ++i)
+    if (nodes_[path_[i]].lock == 0xFFFFFFFFu) bad("match: lock count overflow");
+  for (uint32_t i = 0; i < r.n_usable; ++i) {
+    if (i + 8 < r.n_usable) prefetch_node(path_[i + 8]);
+    lock_node(path_[i]);
+  }
+  return r;
+}
+
 uint32_t RadixCore::slot_of(const uint8_t* key, int tier, bool ready_only) const {
   check_tier(tier);
   uint32_t idx = find_key(load_key(key));
@@ -192,7 +216,7 @@ uint32_t RadixCore::ckpt_slot_of(const uint8_t* key, int tier, bool ready_only) 
 }
 
 uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_t ckpt_at,
-                          double now) {
+                          double now, const TouchHistory* out) {
   uint32_t m = walk(keys, n);
   const std::vector<uint32_t>& path = path_;
   if (n_hit > m) bad("touch: n_hit=" + std::to_string(n_hit) + " exceeds the " +
@@ -206,6 +230,7 @@ uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_
     uint32_t idx = path[i];
     if (i >= 8) prefetch_node(path[i - 8]);
     Node& nd = nodes_[idx];
+    if (out && out->previous_access) out->previous_access[i] = nd.last_access;
     nd.reuse += 1;
     if (i < n_hit) nd.hits += 1;
     nd.last_access = now;
@@ -215,6 +240,15 @@ uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_
         if (nd.lock == 0) refresh(idx, t, now);
       }
     if (nd.tiers == 0 && nd.ckpt == 0 && nd.lock == 0) refresh(idx, kGhost, now);
+    if (out) {  // the history as it stands after this touch
+      if (out->reuse) out->reuse[i] = nd.reuse;
+      if (out->hits) out->hits[i] = nd.hits;
+      if (out->dram_evictions) out->dram_evictions[i] = nd.dram_evictions;
+      if (out->last_access) out->last_access[i] = nd.last_access;
+      if (out->tiers) out->tiers[i] = ready(nd);
+      if (out->ckpt) out->ckpt[i] = ready_ckpt(nd);
+      if (out->filling) out->filling[i] = nd.filling;
+    }
   }
   if (ckpt_at > 0) {
     uint32_t idx = path[ckpt_at - 1];
@@ -232,7 +266,7 @@ uint32_t RadixCore::touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_
 
 uint32_t RadixCore::add(const uint8_t* keys, size_t n, int tier, const int64_t* where,
                         const uint32_t* slots, size_t k, uint32_t session, double now,
-                        bool filling) {
+                        bool filling, bool lock_path) {
   check_tier(tier);
   if (k == 0) return 0;
   for (size_t j = 0; j < k; ++j) {
@@ -281,6 +315,7 @@ uint32_t RadixCore::add(const uint8_t* keys, size_t n, int tier, const int64_t* 
   // residency become metadata-only ghosts.
   size_t j = k;
   for (size_t i = last; i-- > 0;) {
+    if (i >= 8 && (j > 0 || i - 8 >= m)) prefetch_node(path[i - 8]);
     bool in_where = j > 0 && static_cast<size_t>(where[j - 1]) == i;
     if (in_where) {
       --j;
@@ -292,6 +327,7 @@ uint32_t RadixCore::add(const uint8_t* keys, size_t n, int tier, const int64_t* 
     }
   }
   enforce_budget();
+  if (lock_path) lock(keys, last);  // a path's interior has children: the budget kept it
   return created;
 }
 
@@ -322,7 +358,9 @@ void RadixCore::set_ready(const uint8_t* keys, size_t k, int tier, double now) {
       bad("set_ready: key " + std::to_string(j) + " has no filling copy in tier " +
           std::to_string(tier));
   now = advance(now);
-  for (uint32_t idx : idxs) {
+  for (size_t j = 0; j < k; ++j) {
+    if (j + 8 < k) prefetch_node(idxs[j + 8]);
+    uint32_t idx = idxs[j];
     Node& nd = nodes_[idx];
     nd.filling &= static_cast<uint8_t>(~bit(tier));
     nd.tier_time[tier] = now;
@@ -359,6 +397,13 @@ std::vector<EvictedBlock> RadixCore::evict(int tier, size_t count, double cutoff
     uint32_t h = head_[tier];
     if (h == kNil) break;
     Node& nd = nodes_[h];
+    // The next candidate was fetched one victim ago: fetch the one after it
+    // and the next one's parent (clear_tier updates it) now.
+    if (uint32_t nx = nd.next[tier]; nx != kNil) {
+      const Node& nn = nodes_[nx];
+      if (nn.next[tier] != kNil) prefetch_node(nn.next[tier]);
+      __builtin_prefetch(&nodes_[nn.parent].tier_children[0], 1);
+    }
     if (nd.tier_time[tier] > cutoff) break;  // the list is time-ordered
     if (nd.tier_children[tier] > 0) {         // not a leaf in this tier: park
       unlink(h, tier);
@@ -372,6 +417,16 @@ std::vector<EvictedBlock> RadixCore::evict(int tier, size_t count, double cutoff
   }
   // No budget enforcement here: victims stay indexed until the next call that
   // creates or frees nodes, so the caller can still admit them elsewhere.
+  return out;
+}
+
+std::vector<EvictedBlock> RadixCore::evict_pinned(int tier, size_t count, double cutoff,
+                                                  double now, const uint8_t* pin, size_t n_pin,
+                                                  bool unpin) {
+  check_tier(tier);
+  lock(pin, n_pin);  // validates before anything changes
+  std::vector<EvictedBlock> out = evict(tier, count, cutoff, now);
+  if (unpin) unlock(pin, n_pin, now);
   return out;
 }
 
@@ -510,10 +565,15 @@ std::vector<EvictedBlock> RadixCore::ckpt_evict(int tier, size_t count, double c
 
 // ---------------------------------------------------------- introspection
 
+size_t RadixCore::handles_bytes() const {
+  size_t bytes = path_keys_.capacity() + path_.capacity() * sizeof(uint32_t);
+  for (const SavedHandle& h : saved_) bytes += h.keys.capacity() + h.nodes.capacity() * sizeof(uint32_t);
+  return bytes;
+}
+
 size_t RadixCore::memory_bytes() const {
   return nodes_.capacity() * sizeof(Node) + free_.capacity() * sizeof(uint32_t) +
-         table_.capacity() * sizeof(uint64_t) + path_keys_.capacity() +
-         path_.capacity() * sizeof(uint32_t) +
+         table_.capacity() * sizeof(uint64_t) + handles_bytes() +
          ckpts_.size() * (sizeof(Checkpoint) + 48) +
          (ckpt_lru_[0].size() + ckpt_lru_[1].size() + ckpt_lru_[2].size()) * 48;
 }
@@ -868,12 +928,40 @@ size_t common_keys(const uint8_t* a, const uint8_t* b, size_t k) {
 }  // namespace
 
 uint32_t RadixCore::walk(const uint8_t* keys, size_t n) const {
+  const size_t held = path_keys_.size() / kKeyBytes;
+  size_t same = common_keys(keys, path_keys_.data(), std::min(n, held));
+  if (same < n && same < held) {  // leaves the current handle: a saved one may share more
+    ++departures_;
+    int best = -1, lru = 0;
+    for (int s = 0; s < kSavedHandles; ++s) {
+      const SavedHandle& h = saved_[s];
+      if (h.used < saved_[lru].used) lru = s;
+      const size_t lim = std::min(n, h.keys.size() / kKeyBytes);
+      // Sharing more than `same` keys needs key `same` to be equal first.
+      if (lim <= same || std::memcmp(keys + same * kKeyBytes, h.keys.data() + same * kKeyBytes,
+                                     kKeyBytes) != 0)
+        continue;
+      const size_t c = common_keys(keys, h.keys.data(), lim);
+      if (c > same) {
+        best = s;
+        same = c;
+      }
+    }
+    SavedHandle& h = saved_[best >= 0 ? best : lru];
+    std::swap(h.keys, path_keys_);
+    std::swap(h.nodes, path_);
+    std::swap(h.epoch, path_epoch_);
+    h.used = departures_;
+    if (best < 0) {  // no saved one shares more: the current one's shared prefix goes on
+      path_keys_.assign(h.keys.begin(), h.keys.begin() + same * kKeyBytes);
+      path_.assign(h.nodes.begin(), h.nodes.begin() + std::min(same, h.nodes.size()));
+      path_epoch_ = h.epoch;
+    }
+  }
   if (path_epoch_ != epoch_) {  // a node left the tree since: nothing of the handle holds
     path_.clear();
     path_epoch_ = epoch_;
   }
-  const size_t held = path_keys_.size() / kKeyBytes;
-  const size_t same = common_keys(keys, path_keys_.data(), std::min(n, held));
   if (same < n) {  // the handle follows these keys from here on
     path_keys_.resize(n * kKeyBytes);
     std::memcpy(path_keys_.data() + same * kKeyBytes, keys + same * kKeyBytes,

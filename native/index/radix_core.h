@@ -49,7 +49,9 @@
 // handle is dropped whenever a node leaves the tree: epoch_) and probes the
 // key table only past it. The verbs of one request all walk prefixes of its
 // keys, so together they cost one walk; every answer is a fresh walk's by
-// construction (a live node's key and parent never change). Because queries
+// construction (a live node's key and parent never change). A few earlier
+// handles are saved too (saved_): a request of a session whose earlier turn
+// was walked a few requests ago walks only past that turn's path. Because queries
 // update the handle, no call -- not even a query -- may run concurrently
 // with another on one core (the Python facade holds a lock).
 #pragma once
@@ -161,6 +163,20 @@ struct MatchResult {
   uint32_t ckpt_slot;
 };
 
+// Where touch() writes the history of the blocks it touched, as it stands
+// after the touch (what early persistence reads), plus each block's last
+// access before it (how long it sat idle). Null pointers are skipped.
+struct TouchHistory {
+  uint32_t* reuse = nullptr;
+  uint32_t* hits = nullptr;
+  uint32_t* dram_evictions = nullptr;
+  double* last_access = nullptr;      // after the touch (= now)
+  double* previous_access = nullptr;  // before the touch
+  uint8_t* tiers = nullptr;           // ready KV copies
+  uint8_t* ckpt = nullptr;            // ready checkpoints
+  uint8_t* filling = nullptr;         // filling KV copies
+};
+
 struct EvictedBlock {
   Key key;
   uint32_t slot;
@@ -191,6 +207,10 @@ class RadixCore {
   uint32_t history(const uint8_t* keys, size_t n, uint32_t* reuse, uint32_t* hits,
                    uint32_t* dram_evictions, double* last_access, uint8_t* tiers,
                    uint8_t* ckpt, uint8_t* filling = nullptr) const;
+  // Which tiers hold a slot (ready or filling) for each block of the known
+  // prefix of keys[0..n): KV masks and checkpoint masks; returns how many
+  // blocks are known.
+  uint32_t residency(const uint8_t* keys, size_t n, uint8_t* masks, uint8_t* ckpt) const;
   // Slot of one block in one tier, or kNil (with ready, kNil for a filling copy).
   uint32_t slot_of(const uint8_t* key, int tier, bool ready) const;
   // For each block of the known prefix of keys[0..n): the slot in the
@@ -210,17 +230,25 @@ class RadixCore {
   // reuse += 1 for each, hits += 1 for the first n_hit, last_access = now,
   // recency refreshed in every list (deepest first). If ckpt_at > 0 the
   // checkpoint at that boundary is refreshed too. Returns blocks touched.
+  // With `out`, the touched blocks' history is written there (see
+  // TouchHistory): one walk for a touch and the history that follows it.
   uint32_t touch(const uint8_t* keys, size_t n, uint32_t n_hit, uint32_t ckpt_at,
-                 double now);
+                 double now, const TouchHistory* out = nullptr);
+  // match() that also locks the usable prefix it answers (n_usable blocks),
+  // as lock() on those keys would: a lookup that pins what it found.
+  MatchResult match_lock(const uint8_t* keys, size_t n, uint8_t* masks, uint32_t* slots,
+                         uint8_t* ckpt_masks, uint8_t* fill);
   // Gives the blocks at `where` (ascending positions in [0, n)) residency in
   // `tier` with the given slots. Missing nodes on the path keys[0..max+1) are
   // created (as metadata-only ghosts when not in `where`), with `session` as
   // creator. Error if a block already holds `tier` or a key sits under a
   // different parent. With `filling` the new copies are filling (see
-  // set_ready). Returns the number of nodes created.
+  // set_ready). With `lock` the path keys[0..max+1) is then locked, as
+  // lock() would (a store that pins what it placed). Returns the number of
+  // nodes created.
   uint32_t add(const uint8_t* keys, size_t n, int tier, const int64_t* where,
                const uint32_t* slots, size_t k, uint32_t session, double now,
-               bool filling = false);
+               bool filling = false, bool lock = false);
   // The filling copies in `tier` of the listed blocks (any order, no
   // repeats) become ready: readers see them and they join the tier's LRU
   // (tier_time = now). Error if a block is unknown or its copy there is not
@@ -239,6 +267,11 @@ class RadixCore {
   // budget is enforced by the next add/remove/unlock), so the caller can
   // still give them residency elsewhere (add_existing).
   std::vector<EvictedBlock> evict(int tier, size_t count, double cutoff, double now);
+  // Pinned eviction: lock(pin) (every block of it must be indexed), then
+  // evict(), then with `unpin` unlock(pin, now) -- exactly those three calls
+  // in one (without `unpin` the caller unlocks the pin later).
+  std::vector<EvictedBlock> evict_pinned(int tier, size_t count, double cutoff, double now,
+                                         const uint8_t* pin, size_t n_pin, bool unpin);
   // Counts eviction candidates in `tier` with tier_time <= cutoff, up to
   // `limit`, without changing anything (leaf status not checked: an upper
   // bound used to size promotion).
@@ -311,6 +344,7 @@ class RadixCore {
   // The known prefix of keys[0..n): returns its length m; its nodes are
   // path_[0..m) (valid until the next walk or the next node drop).
   uint32_t walk(const uint8_t* keys, size_t n) const;
+  size_t handles_bytes() const;  // the current and the saved handles' memory
   void prefetch_node(uint32_t idx) const;
   double advance(double now) {
     if (now > last_now_) last_now_ = now;
@@ -327,6 +361,21 @@ class RadixCore {
   mutable std::vector<uint8_t> path_keys_;
   mutable std::vector<uint32_t> path_;
   mutable uint64_t path_epoch_ = 0;
+  // Earlier handles, so that a request whose prefix a recent other request
+  // walked (a session's earlier turn, with other sessions' requests in
+  // between) walks only past it: a walk that leaves the current handle
+  // swaps in the saved one sharing the longest prefix with its keys (the
+  // current one is saved in its place, or in the least recently used one's).
+  // Each keeps its epoch: the same rule voids it.
+  struct SavedHandle {
+    std::vector<uint8_t> keys;
+    std::vector<uint32_t> nodes;
+    uint64_t epoch = 0;
+    uint64_t used = 0;
+  };
+  static constexpr int kSavedHandles = 8;
+  mutable SavedHandle saved_[kSavedHandles];
+  mutable uint64_t departures_ = 0;  // walks that left the current handle
   uint64_t mask_ = 0;
   size_t num_nodes_ = 0;  // live nodes, excluding the root
   size_t resident_[kNumTiers] = {};

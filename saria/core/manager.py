@@ -133,18 +133,22 @@ class CacheManager:
         """Records that a request referenced `keys`, the first `hits` served
         from cache, and lets admission persist its DRAM residents early.
         Returns the number of known blocks touched."""
-        if self._observe:
-            h = self.index.history(keys)
-            if h["last_access"].shape[0]:
-                self.returns.observe(self.now() - h["last_access"], self.now())
-            if self.admission.wants_evicted_returns:  # back to blocks that left DRAM
-                gone = (h["dram_evictions"] > 0) & ((h["tiers"] & Tier.DRAM.bit) == 0)
-                if gone.any():
-                    self.admission.on_returns(h["dram_evictions"][gone], self.now())
-        known = self.index.touch(keys, hits=hits, checkpoint_at=checkpoint_at)
-        self.admission.tick(self.now())
-        if self.ssd_on and known:
-            self._admit_accessed(keys[:known])
+        if not (self._observe or self.ssd_on):
+            known = self.index.touch(keys, hits=hits, checkpoint_at=checkpoint_at)
+            self.admission.tick(self.now())
+        else:
+            # One walk: the touch, the idle times before it and the history after it.
+            known, h = self.index.touch_history(keys, hits=hits, checkpoint_at=checkpoint_at)
+            if self._observe:
+                if known:
+                    self.returns.observe(self.now() - h["previous_access"], self.now())
+                if self.admission.wants_evicted_returns:  # back to blocks that left DRAM
+                    gone = (h["dram_evictions"] > 0) & ((h["tiers"] & Tier.DRAM.bit) == 0)
+                    if gone.any():
+                        self.admission.on_returns(h["dram_evictions"][gone], self.now())
+            self.admission.tick(self.now())
+            if self.ssd_on and known:
+                self._admit_accessed(keys[:known], h)
         if self.remote is not None and known:
             self.remote.publish_accessed(keys[:known])
         return known
@@ -156,12 +160,11 @@ class CacheManager:
         each of its blocks is read from (blocks before `start` are locked,
         not read). The prefix can be shorter than `blocks` when blocks left
         the cache since the caller's lookup."""
-        plan = self.index.match(keys[:max(0, blocks)])
+        plan = self.index.match(keys[:max(0, blocks)], lock=True)  # locks what it finds
         n = plan.num_blocks
         path = keys[:n].copy()
         if n == 0:
             return LoadSpec(path, 0, np.zeros(0, np.int8), np.zeros(0, np.int64))
-        self.index.lock(path)
         start = min(start, n)
         tiers, slots = plan.tiers.astype(np.int8), plan.slots
         if np.any(tiers[start:] == GPU):  # only the replay has a GPU tier
@@ -503,12 +506,11 @@ class CacheManager:
 
     # ------------------------------------------------- admission (one place)
 
-    def _admit_accessed(self, path: np.ndarray) -> None:
-        """Early persistence: DRAM residents a request referenced (history
-        already counts the access). Every resident is shown to the policy --
-        a stateful one (KVBM's frequency filter) counts every sighting -- and
-        the write skips those already on the SSD."""
-        h = self.index.history(path)
+    def _admit_accessed(self, path: np.ndarray, h: dict[str, np.ndarray]) -> None:
+        """Early persistence: DRAM residents a request referenced (`h`: their
+        history, which already counts the access). Every resident is shown
+        to the policy -- a stateful one (KVBM's frequency filter) counts
+        every sighting -- and the write skips those already on the SSD."""
         masks, ckpt = h["tiers"], h["checkpoints"]
         if h["filling"].any():  # no reader of an unfilled slot: asked again when it is ready
             self._deferred.update(map(bytes, path[(h["filling"] & DRAM.bit) != 0]))
@@ -804,8 +806,7 @@ class CacheManager:
         slots = self.backend.alloc(DRAM, pos.size)
         path = keys[: int(pos[-1]) + 1].copy()
         # filling: no reader sees the slots before complete_store says they hold the bytes
-        self.index.add(path, DRAM, slots, where=pos, session=session, filling=True)
-        self.index.lock(path)
+        self.index.add(path, DRAM, slots, where=pos, session=session, filling=True, lock=True)
         return StoreSpec(path, pos, slots, masks[pos].copy(), promotion)
 
     def _make_room(self, tier: Tier, want: int, older_than: float | None,
@@ -819,13 +820,27 @@ class CacheManager:
             free = self.backend.free_units(tier)
         if free >= want:
             return want
-        with self._pinned(pin):
+        pin = None if pin is None or pin.shape[0] == 0 else pin
+        if pin is not None and tier == GPU and not self.hybrid:
+            # Nothing a GPU victim's release does touches the index, so one
+            # call locks the path, evicts and unlocks (a second evict would
+            # find no more victims: the loop below would end there too).
+            ev = self.index.evict(tier, want - free, older_than=older_than, pin=pin, unpin=True)
+            if len(ev):
+                self._evicted(tier, ev)
+            return max(0, min(want, self.backend.free_units(tier)))
+        lock_with = pin  # the first evict locks the path; unlocked after the last
+        try:
             while free < want:
-                ev = self.index.evict(tier, want - free, older_than=older_than)
+                ev = self.index.evict(tier, want - free, older_than=older_than, pin=lock_with)
+                lock_with = None
                 if len(ev) == 0:
                     break
                 self._evicted(tier, ev)
                 free = self.backend.free_units(tier)
+        finally:
+            if pin is not None and lock_with is None:
+                self.index.unlock(pin)
         return max(0, min(want, free))
 
     def _evicted(self, tier: Tier, ev) -> None:

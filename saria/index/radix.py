@@ -26,10 +26,10 @@ path it walked (a path handle, see ``native/index/radix_core.h``): the verbs
 of one request, which all name prefixes of its keys, cost one walk between
 them, with the answers of fresh walks.
 
-Memory: each tracked block costs ``node_bytes`` (224 B: four tiers) in the node
-array plus 16-32 B in the key table (8 B entries at load factor 0.25-0.5) and
-the vector's slack: about 290 B per block on the WEKA trace, measured by
-``saria bench index``. A budget of 4 M blocks is ~1.2 GB.
+Memory: each tracked block costs ``node_bytes`` (256 B: four tiers, four cache
+lines) in the node array plus 16-32 B in the key table (8 B entries at load
+factor 0.25-0.5) and the vector's slack: about 332 B per block on the WEKA
+trace, measured by ``saria bench index``. A budget of 4 M blocks is ~1.3 GB.
 """
 
 from __future__ import annotations
@@ -106,17 +106,20 @@ class RadixIndex:
     def __len__(self) -> int:
         return int(self._core.num_nodes())
 
-    def match(self, keys: KeysLike) -> ReloadPlan:
+    def match(self, keys: KeysLike, *, lock: bool = False) -> ReloadPlan:
         """Longest prefix of `keys` available in any tier, as a reload plan.
 
         Read-only: call ``touch`` to record the access. Blocks are taken from
         the fastest tier holding them, so a prefix interleaved across tiers
-        (DRAM[0:40] SSD[40:90] DRAM[90:120]) is recovered whole.
+        (DRAM[0:40] SSD[40:90] DRAM[90:120]) is recovered whole. With `lock`
+        the plan's blocks (its first ``num_blocks``) are also locked, as
+        ``lock(keys[:plan.num_blocks])`` would: a lookup that pins what it
+        found, in one walk.
         """
         arr = as_keys(keys)
         with self._lock:
             (n_known, n_avail, n_tbt, _first, n_usable, ckpt_tier, ckpt_slot,
-             masks, slots, ckpt_masks, _fill) = self._core.match(arr)
+             masks, slots, ckpt_masks, _fill) = self._core.match(arr, bool(lock))
         n = int(n_usable)
         tiers = _FASTEST[masks[:n]]
         checkpoint = None
@@ -141,10 +144,8 @@ class RadixIndex:
         is ``match``). Read-only."""
         arr = as_keys(keys)
         with self._lock:
-            n_known, *_, masks, _slots, ckpt_masks, fill = self._core.match(arr)
-        n_known = int(n_known)
-        return (n_known, masks[:n_known] | (fill[:n_known] & 0x0F),
-                ckpt_masks[:n_known] | (fill[:n_known] >> 4))
+            n_known, masks, ckpt_masks = self._core.residency(arr)
+        return int(n_known), masks, ckpt_masks
 
     def filling(self, keys: KeysLike) -> tuple[np.ndarray, np.ndarray]:
         """``(masks, checkpoint_masks)`` of the known leading blocks of
@@ -246,9 +247,22 @@ class RadixIndex:
         with self._lock:
             return int(self._core.touch(arr, hits, checkpoint_at, self._now(now)))
 
+    def touch_history(self, keys: KeysLike, *, hits: int = 0, checkpoint_at: int = 0,
+                      now: float | None = None) -> tuple[int, dict[str, np.ndarray]]:
+        """``touch`` and the ``history`` of the blocks it touched, in one walk:
+        ``(blocks touched, history)`` where the history is what ``history``
+        answers right after the touch, plus ``previous_access``: each block's
+        ``last_access`` before it (how long it had been idle)."""
+        arr = as_keys(keys)
+        hits = _count("hits", hits)
+        checkpoint_at = _count("checkpoint_at", checkpoint_at)
+        with self._lock:
+            m, h = self._core.touch_history(arr, hits, checkpoint_at, self._now(now))
+        return int(m), dict(h)
+
     def add(self, keys: KeysLike, tier: Tier | int | str, slots: Any, *,
             where: Any = None, session: int = 0, filling: bool = False,
-            now: float | None = None) -> int:
+            lock: bool = False, now: float | None = None) -> int:
         """Makes blocks resident in `tier`, creating nodes as needed.
 
         `where` lists the positions (ascending) in `keys` that become resident,
@@ -256,8 +270,10 @@ class RadixIndex:
         nodes on the path are created (as metadata-only nodes if not in
         `where`) with `session` as creator. Raises if a block already holds
         `tier` or a key is indexed under a different prefix. With `filling`
-        the new copies are filling until ``set_ready``. Returns the number of
-        nodes created.
+        the new copies are filling until ``set_ready``. With `lock` the path
+        up to the last position in `where` is then locked, as ``lock`` would
+        (one walk for a store and its pin). Returns the number of nodes
+        created.
         """
         arr = as_keys(keys)
         t = Tier.parse(tier)
@@ -272,7 +288,7 @@ class RadixIndex:
         session = _u32("session", session)
         with self._lock:
             return int(self._core.add(arr, int(t), where_arr, slot_arr, session, self._now(now),
-                                      bool(filling)))
+                                      bool(filling), bool(lock)))
 
     def set_ready(self, keys: KeysLike, tier: Tier | int | str, *,
                   now: float | None = None) -> None:
@@ -307,12 +323,26 @@ class RadixIndex:
             return self._core.remove(arr, int(t), self._now(now)).astype(np.int64)
 
     def evict(self, tier: Tier | int | str, count: int, *, older_than: float | None = None,
-              now: float | None = None) -> Evicted:
+              now: float | None = None, pin: KeysLike | None = None,
+              unpin: bool = False) -> Evicted:
         """Pops up to `count` victims from `tier`: least recently used first,
         only blocks with no child in that tier (leaf-first), never locked ones,
         and with `older_than` only blocks not touched in the last `older_than`
-        seconds. Their residency in `tier` is dropped; slots come back."""
-        return self._evict(self._core.evict, tier, count, older_than, now)
+        seconds. Their residency in `tier` is dropped; slots come back.
+
+        Pinned eviction: with `pin` (a request's own path, every block
+        indexed) the call first locks `pin` as ``lock`` does, so none of it
+        is a victim, and with `unpin` unlocks it afterwards as ``unlock``
+        does -- ``lock``, ``evict``, ``unlock`` in one call. Without `unpin`
+        the pin stays locked for the caller to ``unlock``."""
+        if pin is None:
+            if unpin:
+                raise ValueError("evict: unpin without a pin")
+            return self._evict(self._core.evict, tier, count, older_than, now)
+        arr = as_keys(pin)
+        return self._evict(
+            lambda t, c, cut, n: self._core.evict_pinned(t, c, cut, n, arr, bool(unpin)),
+            tier, count, older_than, now)
 
     def lock(self, keys: KeysLike) -> None:
         """Pins the leading blocks of `keys` (all must be indexed): a locked
