@@ -8,6 +8,7 @@ hit, the rest is computed: no engine error, the same output)."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
@@ -32,6 +33,24 @@ def want_longer(model):  # noqa: F811
         return generate(llm, LONGER)[0]
 
 
+def _a_computes_and_publishes(model, want, srv_a) -> None:  # noqa: F811
+    """Engine A computes LONG, then reuses it from its node's DRAM: the
+    proven prefix is published to the cluster (held in A's segment)."""
+    a = Child(model, srv_a.address, "A", [{"prompt": LONG}, {"prompt": LONG}])
+    got, cached = a.result()
+    assert cached == 0 and same_greedy(got, want)
+    got, cached = a.result()  # node A's own DRAM; the prefix proved reuse: published
+    assert cached == FULL and same_greedy(got, want)
+    a.finish()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        (g,) = server_stats(srv_a.address)["namespaces"].values()
+        if g["remote_published_blocks"] >= FULL // BS:
+            break
+        time.sleep(0.2)
+    assert g["remote_published_blocks"] >= FULL // BS
+
+
 def test_engine_b_on_another_node_is_served_from_the_cluster(model, want, want_longer,  # noqa: F811
                                                              tmp_path):
     client_env()  # the servers inherit it: their transfer engines bind to loopback
@@ -41,19 +60,7 @@ def test_engine_b_on_another_node_is_served_from_the_cluster(model, want, want_l
         srv_a = Server(tmp_path / "a", "--dram", str(64 * SLOT), *remote_args(master)).start()
         srv_b = Server(tmp_path / "b", "--dram", str(64 * SLOT), *remote_args(master)).start()
         try:
-            a = Child(model, srv_a.address, "A", [{"prompt": LONG}, {"prompt": LONG}])
-            got, cached = a.result()
-            assert cached == 0 and same_greedy(got, want)
-            got, cached = a.result()  # node A's own DRAM; the prefix proved reuse: published
-            assert cached == FULL and same_greedy(got, want)
-            a.finish()
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                (g,) = server_stats(srv_a.address)["namespaces"].values()
-                if g["remote_published_blocks"] >= FULL // BS:
-                    break
-                time.sleep(0.2)
-            assert g["remote_published_blocks"] >= FULL // BS
+            _a_computes_and_publishes(model, want, srv_a)
             cue = str(tmp_path / "master-down")
             b = Child(model, srv_b.address, "B", [{"prompt": LONG}, {"wait": cue},
                                                   {"prompt": LONGER}])
@@ -76,6 +83,32 @@ def test_engine_b_on_another_node_is_served_from_the_cluster(model, want, want_l
         finally:
             assert srv_b.stop() == 0
             assert srv_a.stop() == 0
+
+
+def test_the_node_holding_the_prefix_killed_engine_b_computes_it(model, want, tmp_path):  # noqa: F811
+    """The cluster's copy lives in node A's segment; A is SIGKILLed. Engine B's
+    request for the prefix gets no byte from the cluster (a lookup that may
+    still see the keys, a fetch that fails within the deadline): it computes,
+    with no engine error and the output of an engine without saria."""
+    client_env()
+    with MooncakeMaster() as master:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        srv_a = Server(tmp_path / "a", "--dram", str(64 * SLOT), *remote_args(master)).start()
+        srv_b = Server(tmp_path / "b", "--dram", str(64 * SLOT), *remote_args(master)).start()
+        try:
+            _a_computes_and_publishes(model, want, srv_a)
+            srv_a.stop(signal.SIGKILL)
+            b = Child(model, srv_b.address, "B", [{"prompt": LONG}])
+            got, _ = b.result()
+            b.finish()
+            assert same_greedy(got, want)
+            (g,) = server_stats(srv_b.address)["namespaces"].values()
+            assert g.get("remote_get_hits", 0) == 0 and g.get("remote_verify_failures", 0) == 0
+        finally:
+            assert srv_b.stop() == 0
+            if srv_a.proc.poll() is None:
+                srv_a.stop(signal.SIGKILL)
 
 
 def test_in_process_caches_with_the_remote_key_share_a_prefix(model, want, tmp_path):  # noqa: F811
