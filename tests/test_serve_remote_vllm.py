@@ -3,11 +3,13 @@
 engine B's first request for the long prefix engine A computed is served
 from the cluster tier as cached tokens, with the output of an engine
 without saria; with the master SIGKILLed, B keeps serving (its local tiers
-hit, the rest is computed: no engine error, the same output)."""
+hit, the rest is computed: no engine error, the same output); with node A,
+which holds the cluster's copy, SIGKILLed, B computes the prefix."""
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 import signal
 import time
 
@@ -33,6 +35,24 @@ def want_longer(model):  # noqa: F811
         return generate(llm, LONGER)[0]
 
 
+@contextmanager
+def _two_nodes(tmp_path):
+    """A master and two nodes, each its own ``saria serve --remote``; a node
+    still alive at the end must stop cleanly."""
+    client_env()  # the servers inherit it: their transfer engines bind to loopback
+    with MooncakeMaster() as master:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        srv_a = Server(tmp_path / "a", "--dram", str(64 * SLOT), *remote_args(master)).start()
+        srv_b = Server(tmp_path / "b", "--dram", str(64 * SLOT), *remote_args(master)).start()
+        try:
+            yield master, srv_a, srv_b
+        finally:
+            for srv in (srv_b, srv_a):
+                if srv.proc.poll() is None:
+                    assert srv.stop() == 0
+
+
 def _a_computes_and_publishes(model, want, srv_a) -> None:  # noqa: F811
     """Engine A computes LONG, then reuses it from its node's DRAM: the
     proven prefix is published to the cluster (held in A's segment)."""
@@ -53,36 +73,27 @@ def _a_computes_and_publishes(model, want, srv_a) -> None:  # noqa: F811
 
 def test_engine_b_on_another_node_is_served_from_the_cluster(model, want, want_longer,  # noqa: F811
                                                              tmp_path):
-    client_env()  # the servers inherit it: their transfer engines bind to loopback
-    with MooncakeMaster() as master:
-        (tmp_path / "a").mkdir()
-        (tmp_path / "b").mkdir()
-        srv_a = Server(tmp_path / "a", "--dram", str(64 * SLOT), *remote_args(master)).start()
-        srv_b = Server(tmp_path / "b", "--dram", str(64 * SLOT), *remote_args(master)).start()
-        try:
-            _a_computes_and_publishes(model, want, srv_a)
-            cue = str(tmp_path / "master-down")
-            b = Child(model, srv_b.address, "B", [{"prompt": LONG}, {"wait": cue},
-                                                  {"prompt": LONGER}])
-            got, cached = b.result()
-            assert cached == FULL and same_greedy(got, want)
-            snap = server_stats(srv_b.address)
-            assert snap["engines"]["B-dp0"]["remote_hit_blocks"] == FULL // BS
-            (g,) = snap["namespaces"].values()
-            assert g.get("remote_verify_failures", 0) == 0
-            assert g["remote_get_hits"] == FULL // BS
-            master.kill()  # mid-run: B's next lookup past its local prefix meets a dead master
-            open(cue, "w").close()
-            got, cached = b.result()
-            b.finish()
-            assert cached == FULL and same_greedy(got, want_longer)
-            (g,) = server_stats(srv_b.address)["namespaces"].values()
-            failed = sum(g.get(f"remote_lookup_{why}", 0)
-                         for why in ("timeout", "unavailable", "down", "lane_full"))
-            assert failed >= 1  # the lookup met the dead master and was a miss
-        finally:
-            assert srv_b.stop() == 0
-            assert srv_a.stop() == 0
+    with _two_nodes(tmp_path) as (master, srv_a, srv_b):
+        _a_computes_and_publishes(model, want, srv_a)
+        cue = str(tmp_path / "master-down")
+        b = Child(model, srv_b.address, "B", [{"prompt": LONG}, {"wait": cue},
+                                              {"prompt": LONGER}])
+        got, cached = b.result()
+        assert cached == FULL and same_greedy(got, want)
+        snap = server_stats(srv_b.address)
+        assert snap["engines"]["B-dp0"]["remote_hit_blocks"] == FULL // BS
+        (g,) = snap["namespaces"].values()
+        assert g.get("remote_verify_failures", 0) == 0
+        assert g["remote_get_hits"] == FULL // BS
+        master.kill()  # mid-run: B's next lookup past its local prefix meets a dead master
+        open(cue, "w").close()
+        got, cached = b.result()
+        b.finish()
+        assert cached == FULL and same_greedy(got, want_longer)
+        (g,) = server_stats(srv_b.address)["namespaces"].values()
+        failed = sum(g.get(f"remote_lookup_{why}", 0)
+                     for why in ("timeout", "unavailable", "down", "lane_full"))
+        assert failed >= 1  # the lookup met the dead master and was a miss
 
 
 def test_the_node_holding_the_prefix_killed_engine_b_computes_it(model, want, tmp_path):  # noqa: F811
@@ -90,25 +101,15 @@ def test_the_node_holding_the_prefix_killed_engine_b_computes_it(model, want, tm
     request for the prefix gets no byte from the cluster (a lookup that may
     still see the keys, a fetch that fails within the deadline): it computes,
     with no engine error and the output of an engine without saria."""
-    client_env()
-    with MooncakeMaster() as master:
-        (tmp_path / "a").mkdir()
-        (tmp_path / "b").mkdir()
-        srv_a = Server(tmp_path / "a", "--dram", str(64 * SLOT), *remote_args(master)).start()
-        srv_b = Server(tmp_path / "b", "--dram", str(64 * SLOT), *remote_args(master)).start()
-        try:
-            _a_computes_and_publishes(model, want, srv_a)
-            srv_a.stop(signal.SIGKILL)
-            b = Child(model, srv_b.address, "B", [{"prompt": LONG}])
-            got, _ = b.result()
-            b.finish()
-            assert same_greedy(got, want)
-            (g,) = server_stats(srv_b.address)["namespaces"].values()
-            assert g.get("remote_get_hits", 0) == 0 and g.get("remote_verify_failures", 0) == 0
-        finally:
-            assert srv_b.stop() == 0
-            if srv_a.proc.poll() is None:
-                srv_a.stop(signal.SIGKILL)
+    with _two_nodes(tmp_path) as (master, srv_a, srv_b):
+        _a_computes_and_publishes(model, want, srv_a)
+        srv_a.stop(signal.SIGKILL)
+        b = Child(model, srv_b.address, "B", [{"prompt": LONG}])
+        got, _ = b.result()
+        b.finish()
+        assert same_greedy(got, want)
+        (g,) = server_stats(srv_b.address)["namespaces"].values()
+        assert g.get("remote_get_hits", 0) == 0
 
 
 def test_in_process_caches_with_the_remote_key_share_a_prefix(model, want, tmp_path):  # noqa: F811
