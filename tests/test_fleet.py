@@ -10,7 +10,7 @@ import pytest
 
 from saria.errors import ConfigError
 from saria.sim.engine import Arrival, Replay
-from saria.sim.fleet import Fleet, FleetSpec
+from saria.sim.fleet import CLUSTER_BIT, Fleet, FleetSpec
 from saria.sim.presets import get_preset
 from saria.sim.remote import RemoteTierModel
 from saria.sim.replay import make_setup, open_loop_arrivals
@@ -119,6 +119,25 @@ def test_the_fleets_publishing_is_a_named_policy_choice():
     assert got == {"reuse": 0, "write-through": 20 * PRESET.block_size}
     with pytest.raises(ConfigError, match="publish"):
         FleetSpec(nodes=2, publish="everything")
+
+
+def test_the_routers_see_what_a_nodes_core_would_fetch():
+    """The router's cluster run for a node is what that node's core finds:
+    the blocks the cluster holds past its local prefix, as far as one
+    lookup looks (64 blocks), so a price never counts blocks the node would
+    recompute; the node then fetches exactly that many."""
+    prefix = list(range(6000, 6100))  # 100 blocks
+    fleet = Fleet(setup(), FleetSpec(nodes=2, routing="round-robin",
+                                     cluster=RemoteTierModel.shared(PRESET.hardware, 4e12)))
+    fleet.serve(req(0.0, prefix + [1], 1))
+    second = req(100.0, prefix + [2], 2)
+    media = fleet._media(fleet.nodes[0].keys_of(second))
+    window = fleet.nodes[1].cache.remote.lookup_blocks
+    assert window == 64
+    assert media["node0"].shape[0] == 100 and not (media["node0"] & CLUSTER_BIT).any()
+    assert media["node1"].shape[0] == window and (media["node1"] == CLUSTER_BIT).all()
+    fleet.serve(second)
+    assert fleet.nodes[1].cache.stats.remote_hit_blocks == window
 
 
 def test_a_nodes_gets_queue_behind_its_puts():
