@@ -31,8 +31,8 @@ COLUMNS = ("model", "nodes", "sessions", "cluster", "routing", "ttft_mean_s", "t
 
 
 def _one(job: tuple) -> dict:
-    from saria.sim.cluster import ClusterSpec
     from saria.sim.fleet import Fleet, FleetSpec
+    from saria.sim.remote import RemoteTierModel
     from saria.sim.replay import make_setup, open_loop_arrivals
     from saria.traces.arrivals import ArrivalModel
 
@@ -43,9 +43,8 @@ def _one(job: tuple) -> dict:
     trace = C.load_weka(sessions)
     preset = C.preset(args["model"])
     setup = make_setup("saria", preset, trace_block_size=int(trace.block_size))
-    spec = FleetSpec(nodes=nodes, routing=routing,
-                     cluster=ClusterSpec(capacity_bytes=args["cluster_bytes"] * nodes,
-                                         net_Bps=args["net_Bps"]) if cluster else None)
+    tier = RemoteTierModel.shared(preset.hardware, args["cluster_bytes"] * nodes, args["net_Bps"])
+    spec = FleetSpec(nodes=nodes, routing=routing, cluster=tier if cluster else None)
     arrivals = open_loop_arrivals(trace, ArrivalModel.from_spec(args["arrivals"]))
     t0 = time.perf_counter()
     rep = Fleet(setup, spec).run(arrivals)
@@ -67,8 +66,8 @@ def main() -> None:
     ap.add_argument("--model", default="qwen3-8b", help="model preset (qwen3-8b)")
     ap.add_argument("--cluster-tb", type=float, default=1.0,
                     help="cluster tier memory per node, TB (1.0)")
-    ap.add_argument("--net-gbps", type=float, default=25.0,
-                    help="each node's network rate to the cluster, GB/s (25: 200 Gb/s)")
+    ap.add_argument("--net-gbps", type=float, default=40.0,
+                    help="each node's network rate to the cluster, GB/s (40: the preset's)")
     args = ap.parse_args()
     t_start, plt = C.start(args)
     counts = [int(x) for x in args.nodes.split(",")]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from saria.errors import ConfigError
-from saria.sim.cluster import ClusterSpec
 from saria.sim.engine import Arrival, Replay
-from saria.sim.fleet import Fleet, FleetSpec
+from saria.sim.fleet import CLUSTER_BIT, Fleet, FleetSpec
 from saria.sim.presets import get_preset
+from saria.sim.remote import RemoteTierModel
 from saria.sim.replay import make_setup, open_loop_arrivals
 from saria.traces import bundled_trace, load_trace
 from saria.traces.arrivals import ArrivalModel
@@ -59,7 +59,7 @@ def test_a_shared_cluster_serves_one_nodes_blocks_to_another():
     islands.run([a, b])
     assert islands.nodes[1].stats.hit_tokens["GPU"] == 0
     assert islands.nodes[1].stats.hit_tokens.get("CLUSTER", 0) == 0
-    shared = Fleet(setup(), FleetSpec(nodes=2, routing="round-robin", cluster=ClusterSpec()))
+    shared = Fleet(setup(), FleetSpec(nodes=2, routing="round-robin", cluster=RemoteTierModel.shared(PRESET.hardware, 4e12)))
     rep = shared.run([a, b])
     got = shared.nodes[1].stats.hit_tokens["CLUSTER"]
     assert got == 40 * PRESET.block_size
@@ -68,6 +68,102 @@ def test_a_shared_cluster_serves_one_nodes_blocks_to_another():
     assert rep["cluster_bytes_read"] == 40 * bb
     # both nodes put what they computed: a's 41 blocks, then b's last one
     assert rep["network_bytes"] == rep["cluster_bytes_read"] + (41 + 1) * bb
+
+
+def test_the_nodes_cores_share_one_cluster_tier():
+    """The cluster is the one ``ClusterKeys`` in every node's core: what node
+    0 computed (write-through) is found, fetched and counted as cluster hits
+    by node 1's core; node 1's SSD admission skips the victims the cluster
+    holds, so the shared fleet writes less to its SSDs than islands."""
+    prefix = list(range(2000, 2040))
+    a, b = req(0.0, prefix + [1], 1), req(100.0, prefix + [2], 2)
+    shared = Fleet(setup(), FleetSpec(nodes=2, routing="round-robin",
+                                      cluster=RemoteTierModel.shared(PRESET.hardware, 4e12)))
+    shared.run([a, b])
+    n0, n1 = (node.cache for node in shared.nodes)
+    assert n0.backend.cluster is n1.backend.cluster is shared.cluster
+    assert n0.stats.remote_published_blocks == 41 and len(shared.cluster) == 42
+    assert n1.stats.remote_found_blocks == 40 and n1.stats.remote_hit_blocks == 40
+    assert n0.stats.remote_hit_blocks == 0
+
+
+def test_shared_victims_skip_the_ssd(weka):
+    """Write-back writes every DRAM victim as islands; sharing a cluster
+    that holds them, each node's core skips their SSD copies (counted)."""
+    small = make_setup("write-back", PRESET.with_(gpu_cache_bytes=0),
+                       dram_bytes=60 * PRESET.block_size * PRESET.model.kv_bytes_per_token,
+                       trace_block_size=64)
+    islands = Fleet(small, FleetSpec(nodes=2, routing="session"))
+    islands.run(weka)
+    shared = Fleet(small, FleetSpec(nodes=2, routing="session",
+                                    cluster=RemoteTierModel.shared(PRESET.hardware, 4e12)))
+    rep = shared.run(weka)
+    skipped = sum(node.cache.stats.ssd_writes_skipped_remote for node in shared.nodes)
+    assert skipped > 0
+    assert sum(node.stats.hit_tokens.get("CLUSTER", 0) for node in shared.nodes) > 0
+    assert rep["ssd_bytes_written"] < islands.report()["ssd_bytes_written"]
+
+
+def test_the_fleets_publishing_is_a_named_policy_choice():
+    """Under ``reuse`` publishing a block computed once is not put, so the
+    other node finds nothing; under the fleet's ``write-through`` it is."""
+    prefix = list(range(3000, 3020))
+    a, b = req(0.0, prefix + [1], 1), req(100.0, prefix + [2], 2)
+    tier = RemoteTierModel.shared(PRESET.hardware, 4e12)
+    got = {}
+    for publish in ("reuse", "write-through"):
+        fleet = Fleet(setup(), FleetSpec(nodes=2, routing="round-robin", cluster=tier,
+                                         publish=publish))
+        fleet.run([a, b])
+        got[publish] = fleet.nodes[1].stats.hit_tokens.get("CLUSTER", 0)
+    assert got == {"reuse": 0, "write-through": 20 * PRESET.block_size}
+    with pytest.raises(ConfigError, match="publish"):
+        FleetSpec(nodes=2, publish="everything")
+
+
+def test_the_routers_see_what_a_nodes_core_would_fetch():
+    """The router's cluster run for a node is what that node's core finds:
+    the blocks the cluster holds past its local prefix, as far as one
+    lookup looks (64 blocks), so a price never counts blocks the node would
+    recompute; the node then fetches exactly that many."""
+    prefix = list(range(6000, 6100))  # 100 blocks
+    fleet = Fleet(setup(), FleetSpec(nodes=2, routing="round-robin",
+                                     cluster=RemoteTierModel.shared(PRESET.hardware, 4e12)))
+    fleet.serve(req(0.0, prefix + [1], 1))
+    second = req(100.0, prefix + [2], 2)
+    media = fleet._media(fleet.nodes[0].keys_of(second))
+    window = fleet.nodes[1].cache.remote.lookup_blocks
+    assert window == 64
+    assert media["node0"].shape[0] == 100 and not (media["node0"] & CLUSTER_BIT).any()
+    assert media["node1"].shape[0] == window and (media["node1"] == CLUSTER_BIT).all()
+    fleet.serve(second)
+    assert fleet.nodes[1].cache.stats.remote_hit_blocks == window
+
+
+def test_a_nodes_gets_queue_behind_its_puts():
+    """A node's link to the cluster is one FIFO: node 1's get of a's blocks
+    waits for the put of what node 1 computed just before; node 0's link,
+    idle, does not delay it."""
+    tier = RemoteTierModel.shared(PRESET.hardware, 4e12, link_Bps=1e9)  # a slow link shows it
+    bb = setup().block_bytes
+    prefix = list(range(4000, 4040))
+    fleet = Fleet(setup(), FleetSpec(nodes=2, routing="round-robin", cluster=tier))
+    fleet.serve(req(0.0, prefix + [1], 1))             # node 0 computes and puts 41 blocks
+    busy = fleet.nodes[0].cluster_backlog(0.0)
+    assert busy > 41 * bb / 1e9
+    assert fleet.nodes[1].cluster_backlog(0.0) == 0.0
+    loads = fleet.load(0, 0.0), fleet.load(1, 0.0)
+    assert loads[0].cluster_backlog_s == busy and loads[1].cluster_backlog_s == 0.0
+    fleet.serve(req(1000.0, list(range(9000, 9030)), 2))  # node 1 computes and puts 30 blocks
+    n1 = fleet.nodes[1]
+    free = n1.cluster_free
+    assert free == pytest.approx(n1.stats.last_done + 30 * bb / 1e9)
+    fleet._rr = 1
+    fleet.serve(req(n1.stats.last_done, prefix + [2], 3))  # node 1 reads node 0's 40 blocks
+    assert n1.cluster_bytes_got == 40 * bb
+    fetched = free + tier.transfer_s(40 * bb, 40)  # after the put, not at the request's arrival
+    assert n1.gpu_started == pytest.approx(fetched)
+    assert n1.cluster_free == pytest.approx(n1.stats.last_done + bb / 1e9)  # then its 1 new block
 
 
 def test_prefix_routers_follow_the_prefix_round_robin_does_not():

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from saria.errors import ConfigError
-from saria.sim.cluster import ClusterSpec
+from saria.sim.remote import RemoteTierModel
 from saria.sim.fleet import ROUTINGS, Fleet, FleetSpec
 from saria.sim.replay import ReadPath, make_setup, open_loop_arrivals
 from saria.traces.arrivals import ArrivalModel
@@ -32,20 +32,25 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help=f"fleet routing (repeatable; default: all of {', '.join(ROUTINGS)})")
     p.add_argument("--cluster", default=None, metavar="SIZE",
                    help="a cluster tier of SIZE shared by the fleet's nodes (default: islands)")
-    p.add_argument("--cluster-net", default="25GB", metavar="RATE",
-                   help="each node's network rate to the cluster tier, bytes/s (default 25GB)")
+    p.add_argument("--cluster-net", default=None, metavar="RATE",
+                   help="each node's network rate to the cluster tier, bytes/s (default: the "
+                        "preset's, 40GB)")
     p.add_argument("--fail", action="append", default=[], metavar="NODE@FROM-UNTIL",
                    help="node NODE is down from FROM to UNTIL seconds of the trace (repeatable)")
 
 
-def fleet_spec(args: argparse.Namespace, routing: str) -> FleetSpec:
+def fleet_spec(args: argparse.Namespace, routing: str, hw) -> FleetSpec:
     cluster = None
+    if args.cluster_net is not None and args.cluster is None:
+        raise ConfigError("--cluster-net", "needs --cluster SIZE")
     if args.cluster is not None:
         size = parse_size(args.cluster, name="--cluster")
-        net = parse_size(args.cluster_net, name="--cluster-net")
-        if not net > 0:
-            raise ConfigError("--cluster-net", f"must be positive, got {args.cluster_net!r}")
-        cluster = ClusterSpec(capacity_bytes=size, net_Bps=net)
+        net = None
+        if args.cluster_net is not None:
+            net = parse_size(args.cluster_net, name="--cluster-net")
+            if not net > 0:
+                raise ConfigError("--cluster-net", f"must be positive, got {args.cluster_net!r}")
+        cluster = RemoteTierModel.shared(hw, size, net)
     down = []
     for f in args.fail:
         try:
@@ -63,7 +68,7 @@ def run_fleet(args: argparse.Namespace, cfg: dict, trace, path, spec: str) -> in
     if len(cfg["policies"]) > 1:
         raise ConfigError("--policy", "a fleet replay runs one admission policy on every node")
     routings = args.routing or list(ROUTINGS)
-    specs = [fleet_spec(args, r) for r in routings]  # every flag checked before any work
+    specs = [fleet_spec(args, r, cfg["preset"].hardware) for r in routings]  # flags before work
     arrivals_model = ArrivalModel.from_spec(spec)
     if arrivals_model.closed_loop:
         raise ConfigError("--arrivals", "a fleet replay takes open-loop arrivals (window:, "

@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "real":
         return run_real_mode(args, cfg)
     if args.nodes is not None:
-        fleet_cmd.fleet_spec(args, (args.routing or ["round-robin"])[0])  # flags before work
+        fleet_cmd.fleet_spec(args, (args.routing or ["round-robin"])[0],
+                             cfg["preset"].hardware)  # flags before work
     path, sessions = _trace_and_sessions(args, default_sessions=DEFAULT_SESSIONS)
     err = Console(stderr=True)
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

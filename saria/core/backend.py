@@ -148,6 +148,8 @@ class CountingBackend(Backend):
         self.write_behind = int(write_behind)  # only an asynchronous subclass retains
         self.cluster = cluster
         self.remote = cluster is not None
+        self.put_blocks = 0      # blocks this node's puts stored (a held key costs no transfer)
+        self.fetched_blocks = 0  # blocks this node's fetches read
 
     def capacity(self, tier: Tier) -> int:
         return self._capacity[tier]
@@ -182,10 +184,12 @@ class CountingBackend(Backend):
 
     def publish(self, job) -> bool:
         keys = [bytes(k) for k in job.keys]
-        self.cluster.put(keys)
+        self.put_blocks += sum(self.cluster.put(keys))
         self._on_published(job, np.array([k in self.cluster for k in keys], bool))
         return True
 
     def fetch_remote(self, keys: np.ndarray, slots: np.ndarray) -> np.ndarray:
         """The replay's fetch: a hit where the cluster still holds the block."""
-        return np.array(self.cluster.get(map(bytes, keys)), bool)
+        ok = np.array(self.cluster.get(map(bytes, keys)), bool)
+        self.fetched_blocks += int(ok.sum())
+        return ok

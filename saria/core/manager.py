@@ -324,6 +324,8 @@ class CacheManager:
             self.stats.stored_blocks += n
             if self.ssd_on and n:
                 self._admit_created(spec)
+            if self.remote is not None and n:  # write-through publishing (the policy's choice)
+                self.remote.publish_stored(keys, spec.slots)
             if spec.direct.size:
                 self._write_direct(spec, direct_rows)
         if n:

@@ -29,8 +29,9 @@ What it decides:
   whose get was late from reuse until that get really ended (a registered
   destination row may still be written), so no reader ever sees wrong KV.
 * **Publishing.** A ``PublishPolicy`` is asked from one place
-  (``_publish``) for reused DRAM residents a request referenced and for DRAM
-  victims with history; blocks the index knows the cluster holds, or that
+  (``_publish``) for reused DRAM residents a request referenced, for DRAM
+  victims with history and (write-through only) for the blocks a request
+  computed once they are ready in DRAM; blocks the index knows the cluster holds, or that
   are on their way there, are not sent again (the backend's put also skips
   what the cluster holds). The bytes are copied out of DRAM when the put is
   submitted (the victim's slot is freed right after), the put runs off the
@@ -228,6 +229,14 @@ class RemoteResidency:
             want = self.policy.on_access(h["reuse"][cand], h["hits"][cand])
             self._publish(path[cand[want]], self.m.index.slots_in(path, DRAM)[0][cand[want]])
 
+    def publish_stored(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Blocks a request computed, just made ready in DRAM (write-through)."""
+        want = self.policy.on_store(keys.shape[0])
+        if want.any():
+            held = np.array([bytes(k) in self._held for k in keys], bool)
+            want &= ~held
+            self._publish(keys[want], slots[want])
+
     def publish_victims(self, ev) -> None:
         """DRAM victims with history, before their slots are freed."""
         cand = np.flatnonzero((ev.tiers_after & REMOTE.bit) == 0)
@@ -258,16 +267,25 @@ class RemoteResidency:
         held = np.asarray(held, bool)
         m.stats.remote_published_blocks += int(held.sum())
         m.stats.remote_publish_failures += int((~held).sum())
-        for k in job.keys[held]:
-            key = bytes(k)
-            if key in self._held:
-                continue
+        keys = job.keys[held]
+        if self._held and keys.shape[0]:
+            keys = keys[np.array([bytes(k) not in self._held for k in keys], bool)]
+        if keys.shape[0] == 0:
+            return
+        over = len(self._held) + keys.shape[0] - self.max_blocks
+        if over > 0:
+            self._forget(m.index.evict(REMOTE, over).keys)
+        try:  # one call (it checks every key before it changes anything)
+            m.index.add_existing(keys, REMOTE, np.zeros(keys.shape[0], np.int64))
+            self._held.update(map(bytes, keys))
+            return
+        except ValueError:  # a block left the index meanwhile: one at a time
+            pass
+        for k in keys:
             try:
-                if len(self._held) >= self.max_blocks:
-                    self._forget(m.index.evict(REMOTE, 1).keys)
                 m.index.add_existing(k[None], REMOTE, np.zeros(1, np.int64))
-                self._held.add(key)
-            except ValueError:  # the block left the index meanwhile
+                self._held.add(bytes(k))
+            except ValueError:
                 pass
 
     # -------------------------------------------------------- SSD admission

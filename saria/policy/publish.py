@@ -13,6 +13,12 @@ request or this eviction counted):
   has left DRAM before) is published before its slot is freed, so the fleet
   keeps it when this node lets go.
 
+* ``on_store`` (only with ``computed``): the blocks a request computed, once
+  they are in DRAM -- write-through publishing, every new block put as soon
+  as it exists (LMCache's ``mooncakestore`` backend, SGLang HiCache's L3
+  write-through). Off by default: a fleet's copy of a block that never comes
+  back costs a put and cluster memory for nothing.
+
 and ``keep_local`` for a victim the cluster already holds: only hot blocks
 (``hits >= keep_local_hits``) keep a local SSD copy; the others are served
 from the cluster, one copy per fleet instead of one per node -- SSD
@@ -35,6 +41,7 @@ class PublishPolicy:
     accessed: bool = True         # publish reused DRAM residents a request referenced
     victims: bool = True          # publish DRAM victims with history before they leave
     keep_local_hits: int = 4      # a victim the cluster holds keeps its SSD copy at this many hits
+    computed: bool = False        # write-through: publish every block a request computed
 
     def __post_init__(self) -> None:
         if self.min_reuse < 1:
@@ -55,6 +62,10 @@ class PublishPolicy:
             return np.zeros(len(reuse), bool)
         return (np.asarray(reuse) >= self.min_reuse) | (np.asarray(dram_evictions) >= 2)
 
+    def on_store(self, count: int) -> np.ndarray:
+        """Blocks a request computed, now in DRAM: all of them under write-through."""
+        return np.full(count, self.computed, bool)
+
     def keep_local(self, hits: np.ndarray) -> np.ndarray:
         """Victims the cluster holds that still get a local SSD copy (hot ones)."""
         if self.keep_local_hits == 0:
@@ -62,4 +73,13 @@ class PublishPolicy:
         return np.asarray(hits) >= self.keep_local_hits
 
 
-__all__ = ["PublishPolicy"]
+#: The named publishing choices: ``reuse`` (the default: what proved reuse,
+#: and victims with history) and ``write-through`` (also every block a request
+#: computed, as LMCache and HiCache publish; the fleet replay's choice, so its
+#: cluster holds what any node computed, as the deployments it models do).
+PUBLISH_POLICIES = {
+    "reuse": PublishPolicy(),
+    "write-through": PublishPolicy(computed=True),
+}
+
+__all__ = ["PUBLISH_POLICIES", "PublishPolicy"]

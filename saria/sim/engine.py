@@ -46,6 +46,7 @@ from saria.core.backend import UNLIMITED
 from saria.index import RadixIndex, Tier, VirtualClock
 from saria.keys.trace import trace_block_keys
 from saria.policy import AdmissionPolicy, PromotionPolicy
+from saria.policy.publish import PublishPolicy
 from saria.sim.presets import Preset
 from saria.sim.remote import RemoteTierModel
 from saria.transfer import LinkModel, ReloadQueue, reload_time
@@ -160,8 +161,8 @@ class Replay:
     """
 
     def __init__(self, setup: ReplaySetup, *, cache=None, mover=None,
-                 clock: VirtualClock | None = None, remote=None, node_id: int = 0,
-                 core_cluster: bool = True) -> None:
+                 clock: VirtualClock | None = None, cluster=None,
+                 publish: PublishPolicy | None = None) -> None:
         if setup.lookup not in LOOKUPS:
             raise ValueError(f"unknown lookup {setup.lookup!r}; valid: {', '.join(LOOKUPS)}")
         self.setup = setup
@@ -175,24 +176,27 @@ class Replay:
         self.link = LinkModel(hw.link_Bps, hw.dram_copy_Bps, hw.ssd_total_read_Bps,
                               hw.pacing_efficiency, hw.contention_ssd_share)
         self.clock = clock or VirtualClock()
-        # The node's own cluster tier in the core (``Tier.REMOTE``: the preset's
-        # ``remote_*``; none by default, and none in a fleet: its nodes share
-        # ``saria.sim.cluster``'s model beside their cores, or are islands).
-        self.cluster_model = (RemoteTierModel.from_hardware(hw)
-                              if core_cluster and remote is None and not self.hybrid else None)
+        # The cluster tier in the core (``Tier.REMOTE``): `cluster` is a
+        # (RemoteTierModel, ClusterKeys) pair a fleet shares between its nodes;
+        # without it the preset's ``remote_*`` (none by default). The node's
+        # link to it is one FIFO resource its gets and puts share.
+        if cluster is None and not self.hybrid:
+            self.cluster_model = RemoteTierModel.from_hardware(hw)
+            keys = self.cluster_model.keys(self.block_bytes) if self.cluster_model else None
+        elif cluster is not None:
+            self.cluster_model, keys = cluster
+        else:
+            self.cluster_model, keys = None, None
         if cache is None:
             index = RadixIndex(setup.metadata_budget(), hybrid=self.hybrid, clock=self.clock)
-            cluster = (self.cluster_model.keys(self.block_bytes)
-                       if self.cluster_model is not None else None)
             backend = CountingBackend(setup.capacities(), state_units=setup.state_units,
-                                      cluster=cluster)
+                                      cluster=keys)
             cache = CacheManager(index, setup.admission, setup.promotion, backend,
-                                 record_writes=True)
+                                 record_writes=True, publish=publish)
         self.cache = cache
-        # A cluster tier shared with other nodes (``saria.sim.cluster``): it
-        # extends the local prefix and receives what this node computes.
-        self.remote = remote
-        self.node_id = node_id
+        self.cluster_free = 0.0      # the node's link to the cluster is busy until then
+        self.cluster_bytes_got = 0   # bytes this node read from the cluster
+        self.cluster_bytes_put = 0   # bytes its puts stored there
         self.mover = mover or NoBytes()
         self.gpu_on = cache.backend.capacity(GPU) > 0
         # Keys of SSD-written blocks and of SSD reads, batch by batch
@@ -286,13 +290,8 @@ class Replay:
             fetched, dram_bytes = self._cluster_fetch(from_cluster, hit < limit, issued,
                                                       dram_bytes)
         loaded = max(fetched, self.reloads.submit(issued, dram_bytes, ssd_bytes))
-        remote = 0  # blocks past the local prefix read from the cluster tier
-        if self.remote is not None and not self.hybrid and hit < limit:
-            remote, fetched = self.remote.fetch(self, keys, hit, limit, issued)
-            loaded = max(loaded, fetched)
-            st.hit_tokens["CLUSTER"] = st.hit_tokens.get("CLUSTER", 0) + remote * self.block_size
         model = self.setup.preset.model
-        new_tokens = a.input_tokens - (hit + remote) * self.block_size
+        new_tokens = a.input_tokens - hit * self.block_size
         prefill = model.prefill_flops(new_tokens, a.input_tokens) / \
             self.setup.preset.hardware.prefill_flops_per_s
         self.gpu_started = max(loaded, self.gpu_free_at)
@@ -315,11 +314,23 @@ class Replay:
         st.first_arrival = min(st.first_arrival, a.time)
         st.last_done = max(st.last_done, done)
 
+        put_before = self._put_blocks()
         self._drive_cache(keys, hit, gpu_run, ckpt_tier, ssd_pos, n_dram, a.namespace,
                           plan.num_known)
-        if self.remote is not None:
-            self.remote.publish(self, keys, hit + remote, done)
+        if self.cluster_model is not None:  # the request's puts leave once its prefill is done
+            put = (self._put_blocks() - put_before) * self.block_bytes
+            if put:
+                self.cluster_free = max(done, self.cluster_free) + put / self.cluster_model.link_Bps
+                self.cluster_bytes_put += put
         return ttft
+
+    def cluster_backlog(self, t: float) -> float:
+        """Seconds of transfers queued on this node's link to the cluster at `t`."""
+        return max(self.cluster_free - t, 0.0)
+
+    def _put_blocks(self) -> int:
+        """Blocks this node's puts have stored in the cluster (a counting backend's)."""
+        return getattr(self.cache.backend, "put_blocks", 0)
 
     # ---------------------------------------------------------- mechanics
 
@@ -327,13 +338,17 @@ class Replay:
                        dram_bytes: int) -> tuple[float, int]:
         """The core's cluster tier: a request reaching past its local prefix
         pays one lookup round trip; its cluster-only blocks cross the node's
-        link to the cluster, then go to the GPU as DRAM blocks. Returns (when
-        the fetch ends, the DRAM bytes to copy)."""
+        link to the cluster (after what is queued on it: earlier gets and
+        puts), then go to the GPU as DRAM blocks. Returns (when the fetch
+        ends, the DRAM bytes to copy)."""
         model = self.cluster_model
         n = int(from_cluster.sum())
         end = issued + (model.lookup_s() if past or n else 0.0)
         if n:
-            end += model.transfer_s(n * self.block_bytes, n)
+            size = n * self.block_bytes
+            end = max(end, self.cluster_free) + model.transfer_s(size, n)
+            self.cluster_free = end
+            self.cluster_bytes_got += size
             self.stats.hit_tokens["CLUSTER"] = (self.stats.hit_tokens.get("CLUSTER", 0)
                                                 + n * self.block_size)
         return end, dram_bytes + n * self.block_bytes

@@ -17,8 +17,16 @@ ingress link). A router sends each arriving request to a node:
 The prefix routers read each node's residency from the node's own index
 (what a ``FleetIndex`` fed by that node's events holds: tests prove the two
 equal on a live server), through the same scorer objects a live router uses.
-With ``cluster`` set, a ``ClusterTier`` shared by every node extends a node's
-local prefix and receives what each node computes.
+
+With ``cluster`` set (a ``saria.sim.remote.RemoteTierModel``), the fleet has
+one cluster tier: one ``ClusterKeys`` in every node's ``CountingBackend``, so
+each node's cache core looks up past its local prefix, fetches, publishes
+(through ``PublishPolicy``: the fleet uses ``write-through``, every computed
+block put as the deployments it models do -- LMCache's ``mooncakestore``,
+HiCache's L3) and skips SSD copies of victims the cluster holds, as the
+engine's core does. Each node's link to the cluster is a FIFO resource its
+gets and puts share (``Replay.cluster_free``); the routers read that backlog
+and which blocks the cluster holds from the same model.
 """
 
 from __future__ import annotations
@@ -31,20 +39,23 @@ import numpy as np
 from saria.errors import ConfigError
 from saria.routing import BIT, DYNAMO_WEIGHTS, NodeCosts, NodeLoad, StaticWeights, TierAware
 from saria.routing import wire
-from saria.sim.cluster import ClusterSpec, ClusterTier
+from saria.policy.publish import PUBLISH_POLICIES
 from saria.sim.engine import Arrival, Replay, ReplaySetup
+from saria.sim.remote import RemoteTierModel
 from saria.sim.report import policy_report
 from saria.transfer import LinkModel
 
 ROUTINGS = ("round-robin", "session", "prefix", "tier-aware")
 CLUSTER_BIT = BIT[wire.MEDIUM_CLUSTER]
+LOCAL_BITS = BIT[wire.MEDIUM_GPU] | BIT[wire.MEDIUM_CPU] | BIT[wire.MEDIUM_STORAGE]
 
 
 @dataclass(frozen=True, slots=True)
 class FleetSpec:
     nodes: int = 2
     routing: str = "tier-aware"
-    cluster: ClusterSpec | None = None      # None: islands
+    cluster: RemoteTierModel | None = None  # one cluster tier for the fleet; None: islands
+    publish: str = "write-through"          # the nodes' PublishPolicy (PUBLISH_POLICIES)
     overload_s: float = 30.0                # session routing moves past this queue
     down: tuple[tuple[int, float, float], ...] = ()  # (node, from, until): node failures
 
@@ -54,15 +65,24 @@ class FleetSpec:
         if self.routing not in ROUTINGS:
             raise ConfigError("routing", f"unknown routing {self.routing!r}; valid: "
                               f"{', '.join(ROUTINGS)}")
+        if self.publish not in PUBLISH_POLICIES:
+            raise ConfigError("publish", f"unknown publishing {self.publish!r}; valid: "
+                              f"{', '.join(PUBLISH_POLICIES)}")
 
 
 class Fleet:
     def __init__(self, setup: ReplaySetup, spec: FleetSpec) -> None:
         self.spec = spec
         self.setup = setup
-        self.cluster = ClusterTier(spec.cluster, setup.block_bytes) if spec.cluster else None
-        self.nodes = [Replay(setup, remote=self.cluster, node_id=i, core_cluster=False)
-                      for i in range(spec.nodes)]
+        tier = spec.cluster
+        if tier is not None and setup.preset.model.hybrid:
+            raise ConfigError("cluster", "a cluster tier under a hybrid model is not supported "
+                              "(state checkpoints are not published)")
+        # islands: no cluster tier at all (not even the preset's)
+        self.cluster = tier.keys(setup.block_bytes) if tier is not None else None
+        pair = (tier, self.cluster)
+        self.nodes = [Replay(setup, cluster=pair, publish=PUBLISH_POLICIES[spec.publish])
+                      for _ in range(spec.nodes)]
         self.names = [f"node{i}" for i in range(spec.nodes)]
         self.routed = np.zeros(spec.nodes, np.int64)
         self.moves = 0
@@ -76,8 +96,8 @@ class Fleet:
         if spec.routing == "prefix":
             self.scorer = StaticWeights(DYNAMO_WEIGHTS, block_s=self.block_s)
         elif spec.routing == "tier-aware":
-            net = spec.cluster.net_Bps if spec.cluster else 1.0
-            lat = spec.cluster.latency_s if spec.cluster else 0.0
+            net = tier.link_Bps if tier else 1.0
+            lat = tier.latency_s if tier else 0.0
             self.scorer = TierAware(NodeCosts(
                 LinkModel(link.ingress_Bps, link.dram_Bps, link.ssd_Bps, link.pacing_efficiency,
                           link.contention_ssd_share),
@@ -110,7 +130,7 @@ class Fleet:
         return NodeLoad(queue_s=max(node.gpu_free_at - t, 0.0),
                         link_backlog_s=max(node.reloads.dram_free - t, 0.0),
                         ssd_backlog_s=max(node.reloads.ssd_free - t, 0.0),
-                        cluster_backlog_s=self.cluster.backlog(k, t) if self.cluster else 0.0,
+                        cluster_backlog_s=node.cluster_backlog(t),
                         up=self.up(k, t))
 
     def route(self, a: Arrival, keys: np.ndarray) -> int:
@@ -142,20 +162,26 @@ class Fleet:
         """Each node's reloadable prefix as routing bits: its own tiers (a
         tier's bit is its ``BIT``: GPU 1, DRAM 2, SSD 4), continued by the
         run the cluster holds after it (one pass over the cluster per
-        request, for every node)."""
+        request, for every node), as far as the node's core looks past its
+        local prefix (``RemoteResidency.lookup_blocks``: the router predicts
+        the reload the core will make). A node's REMOTE copies in its index
+        are not its own: what the cluster holds is read from the cluster."""
         local = {}
         for k in range(self.spec.nodes):
             plan = self.nodes[k].cache.index.match(keys)
-            local[k] = np.asarray(plan.masks[:plan.num_available], dtype=np.uint8)
+            bits = np.asarray(plan.masks[:plan.num_available], dtype=np.uint8) & LOCAL_BITS
+            gone = np.flatnonzero(bits == 0)
+            local[k] = bits[:gone[0]] if gone.size else bits
         if self.cluster is None:
             return {self.names[k]: b for k, b in local.items()}
         ends = [b.shape[0] for b in local.values()]
         lo = min(ends)
-        held = self.cluster.held(keys, lo, max(ends))
+        held = _held(self.cluster, keys, lo, max(ends))
         out = {}
         for k, bits in local.items():
             h = held[bits.shape[0] - lo:]
             more = int(np.argmin(h)) if h.size and not h.all() else int(h.size)
+            more = min(more, self.nodes[k].cache.remote.lookup_blocks)  # what its core's lookup finds
             out[self.names[k]] = np.concatenate([bits, np.full(more, CLUSTER_BIT, np.uint8)])
         return out
 
@@ -168,7 +194,8 @@ class Fleet:
         hits = {m: sum(node.stats.hit_tokens.get(m, 0) for node in self.nodes)
                 for m in ("GPU", "DRAM", "SSD", "CLUSTER")}
         routed = self.routed.astype(float)
-        c = self.cluster
+        got = sum(node.cluster_bytes_got for node in self.nodes)
+        put = sum(node.cluster_bytes_put for node in self.nodes)
         return {
             "nodes": self.spec.nodes, "routing": self.spec.routing,
             "cluster": self.cluster is not None,
@@ -179,8 +206,8 @@ class Fleet:
             "ssd_bytes_written": sum(p["ssd_bytes_written"] for p in per),
             "ssd_lifetime_days_min": min((p["ssd_lifetime_days"] for p in per
                                           if p["ssd_lifetime_days"] is not None), default=None),
-            "network_bytes": (sum(c.bytes_put.values()) + sum(c.bytes_got.values())) if c else 0,
-            "cluster_bytes_read": sum(c.bytes_got.values()) if c else 0,
+            "network_bytes": got + put,
+            "cluster_bytes_read": got,
             "hit_ratio_tokens": sum(hits.values()) / tokens,
             **{f"{m.lower()}_hit_ratio_tokens": v / tokens for m, v in hits.items()},
             "load_imbalance": float(routed.max() / routed.mean()) if routed.sum() else 0.0,
@@ -190,3 +217,16 @@ class Fleet:
                                                "ttft_mean_s", "ttft_p90_s", "hit_ratio_tokens")}}
                          for i, p in enumerate(per)],
         }
+
+
+def _held(cluster, keys: np.ndarray, start: int, stop_after: int) -> np.ndarray:
+    """Which of ``keys[start:]`` the cluster holds, up to the first block
+    past `stop_after` it does not (every node's run is read from this)."""
+    raw, w = keys.tobytes(), keys.shape[1]
+    out = []
+    for i in range(start, keys.shape[0]):
+        hit = raw[i * w:(i + 1) * w] in cluster
+        if not hit and i >= stop_after:
+            break
+        out.append(hit)
+    return np.asarray(out, dtype=bool)

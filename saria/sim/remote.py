@@ -12,7 +12,21 @@ keeps the old value (and counts as a use).
 
 Timing: a lookup is one round trip; a transfer of ``n`` objects is one round
 trip plus the bytes at the link's rate (objects of one batch move together,
-as ``batch_put_from`` / ``batch_get_into`` do).
+as ``batch_put_from`` / ``batch_get_into`` do). The replay queues a node's
+gets and puts on its one link (``Replay.cluster_free``).
+
+This is the only model of the cluster tier: the single-node replay (a preset
+with ``remote_bytes``) and the fleet replay (``saria replay --nodes N
+--cluster SIZE``: one ``ClusterKeys`` shared by every node's core) both use
+it, with one set of defaults -- the preset's ``remote_link_Bps`` (40 GB/s)
+and ``remote_latency_s`` (50 us). Why those and not the 25 GB/s and 200 us
+the fleet replay used to assume: a node of the replay is one GPU slice, and
+a DGX H100 gives each GPU its own ConnectX-7 at 400 Gb/s (50 GB/s line rate;
+80% of it for the cluster tier over RDMA), where 25 GB/s was a whole node's
+200 Gb/s NIC; 50 us is an RDMA round trip to the master plus a transfer's
+first byte, next to the 60-107 us measured for a 64-key ``batch_is_exist``
+over loopback TCP (issue 22), where 200 us had no measurement behind it
+(``saria.sim.presets``: [nic], [mc]).
 """
 
 from __future__ import annotations
@@ -53,6 +67,13 @@ class RemoteTierModel:
             return None
         return cls(link_Bps=hw.remote_link_Bps, latency_s=hw.remote_latency_s,
                    capacity_bytes=hw.remote_bytes)
+
+    @classmethod
+    def shared(cls, hw, capacity_bytes: float, link_Bps: float | None = None) -> "RemoteTierModel":
+        """A fleet's cluster tier of `capacity_bytes`, reached over each node's
+        link of the preset (``link_Bps`` overrides its rate)."""
+        return cls(link_Bps=hw.remote_link_Bps if link_Bps is None else link_Bps,
+                   latency_s=hw.remote_latency_s, capacity_bytes=capacity_bytes)
 
     @property
     def enabled(self) -> bool:
