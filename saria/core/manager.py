@@ -136,6 +136,7 @@ class CacheManager:
         if not (self._observe or self.ssd_on):
             known = self.index.touch(keys, hits=hits, checkpoint_at=checkpoint_at)
             self.admission.tick(self.now())
+            h = None
         else:
             # One walk: the touch, the idle times before it and the history after it.
             known, h = self.index.touch_history(keys, hits=hits, checkpoint_at=checkpoint_at)
@@ -150,7 +151,7 @@ class CacheManager:
             if self.ssd_on and known:
                 self._admit_accessed(keys[:known], h)
         if self.remote is not None and known:
-            self.remote.publish_accessed(keys[:known])
+            self.remote.publish_accessed(keys[:known], h)
         return known
 
     # --------------------------------------------------------------- loads

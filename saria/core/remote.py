@@ -117,9 +117,7 @@ class RemoteResidency:
 
     def _add(self, keys: np.ndarray, positions: np.ndarray) -> bool:
         index = self.m.index
-        over = len(self._held) + positions.size - self.max_blocks
-        if over > 0:
-            self._forget(index.evict(REMOTE, over).keys)
+        self._room_for(positions.size)
         try:
             index.add(keys[: int(positions[-1]) + 1], REMOTE, np.zeros(positions.size, np.int64),
                       where=positions)
@@ -147,6 +145,12 @@ class RemoteResidency:
 
     def _forget(self, keys: np.ndarray) -> None:
         self._held.difference_update(map(bytes, keys))
+
+    def _room_for(self, n: int) -> None:
+        """At most ``max_blocks`` REMOTE copies: the least recently used leave."""
+        over = len(self._held) + n - self.max_blocks
+        if over > 0:
+            self._forget(self.m.index.evict(REMOTE, over).keys)
 
     # ------------------------------------------------------------- loads
 
@@ -220,9 +224,11 @@ class RemoteResidency:
 
     # -------------------------------------------------------- publishing
 
-    def publish_accessed(self, path: np.ndarray) -> None:
-        """Reused DRAM residents a request referenced (history counts it)."""
-        h = self.m.index.history(path)
+    def publish_accessed(self, path: np.ndarray, h: dict | None = None) -> None:
+        """Reused DRAM residents a request referenced (history counts it;
+        `h`, the touch's own history when it walked for one)."""
+        if h is None:
+            h = self.m.index.history(path)
         masks = h["tiers"]
         cand = np.flatnonzero(((masks & DRAM.bit) != 0) & ((masks & REMOTE.bit) == 0))
         if cand.size:
@@ -272,9 +278,7 @@ class RemoteResidency:
             keys = keys[np.array([bytes(k) not in self._held for k in keys], bool)]
         if keys.shape[0] == 0:
             return
-        over = len(self._held) + keys.shape[0] - self.max_blocks
-        if over > 0:
-            self._forget(m.index.evict(REMOTE, over).keys)
+        self._room_for(keys.shape[0])
         try:  # one call (it checks every key before it changes anything)
             m.index.add_existing(keys, REMOTE, np.zeros(keys.shape[0], np.int64))
             self._held.update(map(bytes, keys))
