@@ -73,7 +73,7 @@ def main() -> None:
     counts = [int(x) for x in args.nodes.split(",")]
     if args.quick:
         args.per_node, counts = 2, [1, 2]
-    from saria.sim.sweep import parallel_map
+    from saria.sim.parallel import parallel_map
 
     rows_dir = args.out / "rows" / f"{args.model}-{args.per_node}-{args.arrivals}-{args.cluster_tb}-{args.net_gbps}".replace(":", "")
     rows_dir.mkdir(parents=True, exist_ok=True)

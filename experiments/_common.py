@@ -185,7 +185,7 @@ def run_many(traces: dict, jobs_list: list, jobs: int, fn=None) -> list[dict]:
     """Runs (tags, trace_key, policy, preset, ReadPath, make_setup kwargs,
     arrivals spec) jobs in forked workers (through `fn`, default
     ``run_one``); rows in input order."""
-    from saria.sim.sweep import parallel_map
+    from saria.sim.parallel import parallel_map
     global _TRACES
     _TRACES = traces
     return parallel_map(fn or run_one, jobs_list, jobs=jobs)

@@ -185,6 +185,27 @@ def test_default_replay_meets_the_saria_targets(tmp_path):
 
 
 @pytest.mark.skipif(SARIA_CLI is None, reason="the saria entry point is not installed")
+def test_policies_side_by_side_report_what_one_by_one_runs_report(tmp_path):
+    """--jobs 3 forks one replay per policy; each report (all but its own
+    wall time) equals the one-process run's, in the order asked."""
+    reports = {}
+    for jobs in ("1", "3"):
+        out = tmp_path / f"j{jobs}.json"
+        r = subprocess.run([SARIA_CLI, "replay", "--sessions", "12", "--policy", "saria",
+                            "--policy", "dram-only", "--policy", "E2", "--dram", "16GB", "--jobs", jobs,
+                            "--json", str(out)], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+        reports[jobs] = json.loads(out.read_text())["policies"]
+    assert list(reports["3"]) == ["saria", "dram-only", "E2"]
+    for name, rep in reports["1"].items():
+        other = dict(reports["3"][name])
+        assert other.pop("wall_s") > 0
+        rep.pop("wall_s")
+        assert other == rep, name
+    assert reports["1"]["saria"]["ssd_bytes_written"] != reports["1"]["dram-only"]["ssd_bytes_written"]
+
+
+@pytest.mark.skipif(SARIA_CLI is None, reason="the saria entry point is not installed")
 @pytest.mark.parametrize("args, needle", [
     (["--preset", "gpt5/h100"], "valid: llama3-8b/h100-gen4-1ssd"),
     (["--policy", "lru"], "valid: dram-only, full-duplicate"),
@@ -193,6 +214,7 @@ def test_default_replay_meets_the_saria_targets(tmp_path):
     (["--ssd", "-1TB"], "--ssd"),
     (["--block-size", "0"], "--block-size"),
     (["--arrivals", "window:soon"], "arrivals"),
+    (["--jobs", "0"], "--jobs: must be at least 1"),
     (["/nonexistent/trace.jsonl"], "/nonexistent/trace.jsonl"),
 ])
 def test_bad_input_fails_before_any_work(args, needle):

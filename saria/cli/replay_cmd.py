@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import time
 from pathlib import Path
 
 import orjson
@@ -28,7 +27,8 @@ from saria.errors import ConfigError
 from saria.policy import PROMOTIONS, make_admission
 from saria.sim.engine import LOOKUPS
 from saria.sim.presets import DEFAULT_PRESET, get_preset
-from saria.sim.replay import DEFAULT_POLICIES, ReadPath, make_setup, run_policy
+from saria.sim.parallel import available_cpus
+from saria.sim.replay import DEFAULT_POLICIES, ReadPath, make_setup, run_policies
 from saria.traces import BUNDLED, FORMATS, load_trace, resolve_trace
 from saria.traces.arrivals import ArrivalModel
 from saria.transfer import COORDINATOR_MODES
@@ -79,6 +79,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ssd-dir", type=Path, default=None, metavar="DIR",
                    help="real mode: directory for the SSD store, one subdirectory per policy, "
                    "kept afterwards (default: a temporary one, removed after each policy)")
+    p.add_argument("--jobs", type=int, default=None, metavar="N",
+                   help="policies replayed side by side, one process each (default: one per CPU; "
+                   "1 = one after another in this process)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
     fleet_cmd.add_flags(p)
     p.add_argument("--csv", type=Path, default=None, metavar="PATH", help="write one CSV row per policy")
@@ -108,6 +111,8 @@ def parse_args_to_config(args: argparse.Namespace) -> dict:
         raise ConfigError("--sessions", f"must not be negative, got {args.sessions}")
     if args.max_context is not None and args.max_context < 1:
         raise ConfigError("--max-context", f"must be positive, got {args.max_context}")
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigError("--jobs", f"must be at least 1, got {args.jobs}")
     if args.r is not None and not 0 <= args.r <= 1:
         raise ConfigError("--r", f"must be in [0, 1], got {args.r}")
     return dict(policies=policies, preset=preset, dram=dram, ssd=ssd)
@@ -137,16 +142,18 @@ def run(args: argparse.Namespace) -> int:
             return fleet_cmd.run_fleet(args, cfg, trace, path, spec)
         arrivals = ArrivalModel.from_spec(spec)
         read_path = ReadPath(args.lookup, args.promotion, args.coordinator, args.r)
+        names = cfg["policies"]
+        setups = [make_setup(name, cfg["preset"], read_path=read_path, dram_bytes=cfg["dram"],
+                             ssd_bytes=cfg["ssd"], trace_block_size=int(trace.block_size))
+                  for name in names]
+        jobs = min(args.jobs or available_cpus(), len(names))
+        side = f" ({jobs} side by side)" if jobs > 1 else ""
+        bar.update(task, description=f"replaying {', '.join(names)}{side}", completed=0,
+                   total=trace.num_requests * len(names))
+        reports = run_policies(trace, setups, arrivals, max_context=args.max_context, jobs=jobs,
+                               progress=lambda d: bar.update(task, completed=d))
         results: dict[str, dict] = {}
-        for name in cfg["policies"]:
-            bar.update(task, description=f"replaying {name}", completed=0,
-                       total=trace.num_requests)
-            setup = make_setup(name, cfg["preset"], read_path=read_path, dram_bytes=cfg["dram"],
-                               ssd_bytes=cfg["ssd"], trace_block_size=int(trace.block_size))
-            t0 = time.perf_counter()
-            rep = run_policy(trace, setup, arrivals, max_context=args.max_context,
-                             progress=lambda d: bar.update(task, completed=d))
-            rep["wall_s"] = time.perf_counter() - t0
+        for name, setup, rep in zip(names, setups, reports):
             rep["read_path"] = {"lookup": setup.lookup, "promotion": setup.promotion.name,
                                 "coordinator": setup.coordinator}
             results[name] = rep

@@ -9,12 +9,10 @@ copy-on-write). Results come back as flat rows for CSV and plotting.
 from __future__ import annotations
 
 import itertools
-import multiprocessing as mp
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, replace
 
+from saria.sim.parallel import parallel_map
 from saria.sim.presets import Preset
 from saria.sim.replay import ReadPath, make_setup, run_policy
 from saria.traces import Trace
@@ -80,26 +78,3 @@ def run_sweep(trace: Trace, preset: Preset, points: Sequence[GridPoint], *, jobs
     _OPTS = dict(lookup=lookup, promotion=promotion, coordinator=coordinator,
                  max_context=max_context)
     return parallel_map(_run_point, points, jobs=jobs, progress=progress)
-
-
-def parallel_map(fn: Callable, items: Sequence, *, jobs: int | None = None,
-                 progress: Callable[[int], None] | None = None) -> list:
-    """``[fn(x) for x in items]`` in forked worker processes (so module
-    globals set before the call -- a loaded trace -- are shared copy-on-write
-    rather than pickled); results in input order, ``progress(done)`` as they
-    complete. One job runs in-process."""
-    jobs = max(1, min(jobs or os.cpu_count() or 1, len(items)))
-    out: list = [None] * len(items)
-    if jobs == 1:
-        for i, x in enumerate(items):
-            out[i] = fn(x)
-            if progress:
-                progress(i + 1)
-        return out
-    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork")) as pool:
-        futures = {pool.submit(fn, x): i for i, x in enumerate(items)}
-        for done, fut in enumerate(as_completed(futures), start=1):
-            out[futures[fut]] = fut.result()
-            if progress:
-                progress(done)
-    return out
