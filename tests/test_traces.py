@@ -378,3 +378,41 @@ def test_weka_empty_bundle_is_an_error(tmp_path):
     write_tar(tmp_path / "b.tar.xz", {"README.txt": b"hello"})
     with pytest.raises(TraceFormatError, match="no session"):
         load_weka(tmp_path / "b.tar.xz")
+
+
+def _ids_by_inference(value: list) -> tuple[str, list] | str:
+    """hash_ids_field's checking path alone (numpy's type inference), as it
+    was before the array('q') fast path: the reference the fast path must
+    agree with on every list."""
+    from saria.traces.model import UINT32_LIMIT
+    if not value:
+        return ("uint32", [])
+    try:
+        arr = np.array(value)
+    except (OverflowError, ValueError):
+        return "error"
+    if arr.dtype.kind not in "iu" or arr.ndim != 1:
+        if arr.dtype == object and all(isinstance(v, int) and not isinstance(v, bool)
+                                       and 0 <= v < 1 << 64 for v in value):
+            return ("uint64", [int(v) for v in value])
+        return "error"
+    if arr.dtype.kind == "i" and int(arr.min()) < 0:
+        return "error"
+    dtype = "uint32" if int(arr.max()) < UINT32_LIMIT else "uint64"
+    return (dtype, [int(v) for v in value])
+
+
+_ID = (st.integers(0, 3) | st.integers(0, 2**32 + 5) | st.integers(-3, 2**64 + 3)
+       | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=2))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_ID, max_size=12))
+def test_hash_ids_fast_path_agrees_with_type_inference(value):
+    from saria.traces.model import FieldError, hash_ids_field
+    try:
+        arr = hash_ids_field({"hash_ids": value}, "hash_ids", None)
+        got = (arr.dtype.name, [int(v) for v in arr])
+    except FieldError:
+        got = "error"
+    assert got == _ids_by_inference(value)
