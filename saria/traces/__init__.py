@@ -10,7 +10,13 @@ shipped in the repository's ``traces/`` folder. Malformed input raises
 ``saria.errors.TraceFormatError`` naming the file and line (or tar member and request).
 """
 
-from saria.traces.arrivals import ArrivalModel, ScheduledRequest, schedule, session_starts, think_times
+from saria.traces.arrivals import (
+    ArrivalModel,
+    ScheduledRequest,
+    schedule,
+    session_starts,
+    think_times,
+)
 from saria.traces.azure import load_azure
 from saria.traces.bailian import load_bailian
 from saria.traces.bundled import (
@@ -18,9 +24,9 @@ from saria.traces.bundled import (
     FORMATS,
     bundled_trace,
     bundled_traces,
-    resolve_trace,
     detect_format,
     load_trace,
+    resolve_trace,
     traces_dir,
 )
 from saria.traces.model import Trace, TraceRequest, TraceSession

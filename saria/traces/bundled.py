@@ -14,6 +14,7 @@ import saria
 from saria.errors import ConfigError, TraceFormatError
 from saria.traces.azure import load_azure
 from saria.traces.bailian import load_bailian
+from saria.traces.cache import cached
 from saria.traces.model import Trace
 from saria.traces.mooncake import load_mooncake
 from saria.traces.weka import load_weka
@@ -104,6 +105,8 @@ def load_trace(
     """Load any supported trace. ``progress(done_bytes, total_bytes)`` is optional.
 
     ``limit_sessions`` applies to formats with sessions (WEKA) and is ignored otherwise.
+    A trace file parsed once is read from its cached parse afterwards
+    (``saria.traces.cache``; ``SARIA_CACHE_DIR=off`` turns that off).
     """
     if format not in FORMATS:
         raise ConfigError("format", f"unknown trace format {format!r}; valid: {', '.join(FORMATS)}")
@@ -111,14 +114,20 @@ def load_trace(
     if not p.exists():
         raise TraceFormatError(p, None, "no such file or directory")
     fmt = detect_format(p) if format == "auto" else format
+    limit = limit_sessions if fmt == "weka" else None
+    trace = cached(p, fmt, limit, lambda: _parse(p, fmt, limit, progress))
+    if progress and p.is_file():  # a cached trace is read at once
+        size = p.stat().st_size
+        progress(size, size)
+    return trace
+
+
+def _parse(p: Path, fmt: str, limit_sessions: int | None,
+           progress: Callable[[int, int], None] | None) -> Trace:
     if fmt == "weka":
         return load_weka(p, limit_sessions=limit_sessions, progress=progress)
     if fmt == "mooncake":
         return load_mooncake(p, progress=progress)
     if fmt == "bailian":
         return load_bailian(p, progress=progress)
-    trace = load_azure(p)
-    if progress:
-        size = p.stat().st_size
-        progress(size, size)
-    return trace
+    return load_azure(p)

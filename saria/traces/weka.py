@@ -26,8 +26,8 @@ import os
 import re
 import tarfile
 import zlib
-from contextlib import closing
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import orjson
