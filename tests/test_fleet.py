@@ -123,21 +123,23 @@ def test_the_fleets_publishing_is_a_named_policy_choice():
 
 def test_the_routers_see_what_a_nodes_core_would_fetch():
     """The router's cluster run for a node is what that node's core finds:
-    the blocks the cluster holds past its local prefix, as far as one
-    lookup looks (64 blocks), so a price never counts blocks the node would
-    recompute; the node then fetches exactly that many."""
+    the blocks the cluster holds past its local prefix -- all of them, as the
+    lookup goes on past its first window (64 blocks) while the cluster holds
+    what it asks -- and the node then fetches exactly that many, paying one
+    round trip per lookup call (64, then 37 blocks asked: two)."""
     prefix = list(range(6000, 6100))  # 100 blocks
-    fleet = Fleet(setup(), FleetSpec(nodes=2, routing="round-robin",
-                                     cluster=RemoteTierModel.shared(PRESET.hardware, 4e12)))
+    tier = RemoteTierModel.shared(PRESET.hardware, 4e12)
+    fleet = Fleet(setup(), FleetSpec(nodes=2, routing="round-robin", cluster=tier))
     fleet.serve(req(0.0, prefix + [1], 1))
     second = req(100.0, prefix + [2], 2)
     media = fleet._media(fleet.nodes[0].keys_of(second))
-    window = fleet.nodes[1].cache.remote.lookup_blocks
-    assert window == 64
+    assert fleet.nodes[1].cache.remote.lookup_blocks == 64
     assert media["node0"].shape[0] == 100 and not (media["node0"] & CLUSTER_BIT).any()
-    assert media["node1"].shape[0] == window and (media["node1"] == CLUSTER_BIT).all()
+    assert media["node1"].shape[0] == 100 and (media["node1"] == CLUSTER_BIT).all()
     fleet.serve(second)
-    assert fleet.nodes[1].cache.stats.remote_hit_blocks == window
+    n1 = fleet.nodes[1]
+    assert n1.cache.stats.remote_hit_blocks == 100
+    assert n1.cache.remote.lookup_rounds == 2
 
 
 def test_a_nodes_gets_queue_behind_its_puts():

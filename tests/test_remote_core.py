@@ -133,6 +133,36 @@ def test_local_prefix_then_cluster_then_a_gap(master, node_a):
         _close(b, tier)
 
 
+def test_a_long_prefix_is_found_past_the_first_window(master, node_a):
+    """The lookup goes on while the cluster holds every block it asked about,
+    twice as many each round: with a window of 4, 30 held blocks take four
+    round trips (4 + 8 + 16 + 2) and load byte-exact; a block the cluster
+    lost ends the run there."""
+    keys, data = blocks(30, BLOCK, 24)
+    assert node_a.put(30, 24) == 30
+    b, tier = _cache(master, max_lookup_keys=4, exist_cache_s=0)
+    try:
+        assert b.manager.remote.lookup_blocks == 4
+        plan = b.lookup(keys)
+        assert plan.num_blocks == 30 and plan.blocks_from(REMOTE) == 30
+        assert b.manager.remote.lookup_rounds == 4
+        out = np.zeros_like(data)
+        res = b.load(keys, out)
+        assert res.blocks == 30 and res.remote_blocks == 30 and np.array_equal(out, data)
+    finally:
+        _close(b, tier)
+    tier.close()
+    b, tier = _cache(master, max_lookup_keys=4, exist_cache_s=0)
+    try:
+        tier.remove(keys[13:14], force=True)
+        plan = b.lookup(keys)
+        assert plan.num_blocks == 13 and b.manager.remote.lookup_rounds == 3  # 4, 8, then 1 of 16
+        out = np.zeros_like(data)
+        assert b.load(keys, out).remote_blocks == 13 and np.array_equal(out[:13], data[:13])
+    finally:
+        _close(b, tier)
+
+
 def test_a_corrupted_object_is_a_miss_and_leaves_the_index(master, node_a):
     keys, data = blocks(6, BLOCK, 23)
     assert node_a.put(6, 23) == 6

@@ -12,15 +12,18 @@ What it decides:
 * **Lookup past the local prefix.** Where the local tiers end
   (``plan.num_available``), one bounded ``remote_exists`` for the next
   ``lookup_blocks`` blocks -- together with the plan's blocks only the cluster
-  holds, to re-check them (the backend caches answers briefly). The leading
+  holds, to re-check them (the backend caches answers briefly) -- and, while
+  the cluster holds every block asked, one more for twice as many past them:
+  a long prefix costs a few round trips, not a recomputation past 64 blocks. The leading
   run of hits becomes ready REMOTE copies in the index (slot 0: a copy is
   addressed by its key), so history and reload plans record them. A REMOTE
   copy the cluster no longer holds leaves the index. While the backend says
   the cluster is down (its breaker is open) every REMOTE copy leaves the
   index: a master back without HA has lost every key. At most
   ``max_blocks`` REMOTE copies are indexed (the least recently used leave).
-  NOTE: in ``TieredCache`` the lookup's call runs under the cache's lock; it
-  is bounded by the tier's deadline and its answers are cached briefly.
+  NOTE: in ``TieredCache`` the lookup's calls run under the cache's lock; each
+  is bounded by the tier's deadline (a failed one ends the lookup) and their
+  answers are cached briefly.
 * **Loads.** ``prepare_load`` turns the spec's REMOTE positions into *filling*
   DRAM copies in fresh slots (``LoadSpec.remote``); the prefix ends where no
   DRAM room is left. ``complete_fetch`` makes the verified ones ready DRAM
@@ -86,32 +89,53 @@ class RemoteResidency:
         self.max_blocks = int(max_blocks)
         self._held: set[bytes] = set()        # blocks with REMOTE residency in the index
         self._publishing: set[bytes] = set()  # puts submitted, not completed
+        self.lookup_rounds = 0                 # cluster calls the last lookup made
         manager.backend.bind_remote(self.complete_publish)
 
     # ------------------------------------------------------------ lookup
 
     def lookup(self, keys: np.ndarray, plan):
-        """`plan` (the local match of `keys`) extended by what the cluster holds."""
+        """`plan` (the local match of `keys`) extended by what the cluster holds.
+
+        The first call asks about the plan's REMOTE copies (re-checked) and
+        the ``lookup_blocks`` blocks past the local prefix; while every block
+        asked is held, the next call asks about twice as many past them, so a
+        prefix of n blocks costs about log2(n / lookup_blocks) + 1 round trips
+        and a miss or a failed call (all misses) ends it. ``lookup_rounds``
+        says how many calls the last lookup made."""
         index, backend = self.m.index, self.m.backend
+        self.lookup_rounds = 0
         if backend.remote_down():
             if self._held:
                 self.drop_all()
                 return index.match(keys)
             return plan
+        n = keys.shape[0]
         mine = np.flatnonzero(plan.tiers == REMOTE)[:self.lookup_blocks]  # re-checked
-        start = plan.num_available
-        ahead = np.arange(start, min(keys.shape[0], start + self.lookup_blocks))
-        ask = np.concatenate([mine, ahead])
-        if ask.size == 0:
-            return plan
-        found = backend.remote_exists(keys[ask])
-        gone = mine[~found[:mine.size]]
-        if gone.size:  # the prefix now ends at the first of them: nothing past it is reachable
-            self.drop(keys[gone])
-            return index.match(keys)
-        tail = found[mine.size:]
-        run = tail.size if tail.all() else int(np.argmin(tail))
-        if run and self._add(keys, ahead[:run]):
+        pos = plan.num_available
+        window = self.lookup_blocks
+        runs = []
+        while True:
+            ahead = np.arange(pos, min(n, pos + window))
+            ask = np.concatenate([mine, ahead]) if not self.lookup_rounds else ahead
+            if ask.size == 0:
+                break
+            found = backend.remote_exists(keys[ask])
+            if not self.lookup_rounds:
+                gone = mine[~found[:mine.size]]
+                if gone.size:  # the prefix now ends at the first of them: nothing past it is reachable
+                    self.lookup_rounds = 1
+                    self.drop(keys[gone])
+                    return index.match(keys)
+                found = found[mine.size:]
+            self.lookup_rounds += 1
+            run = found.size if found.all() else int(np.argmin(found))
+            runs.append(ahead[:run])
+            if run < ahead.size or pos + run >= n:
+                break
+            pos, window = pos + run, min(2 * window, self.max_blocks)
+        held = np.concatenate(runs) if runs else np.zeros(0, np.int64)
+        if held.size and self._add(keys, held):
             return index.match(keys)
         return plan
 

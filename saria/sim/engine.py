@@ -343,7 +343,9 @@ class Replay:
         ends, the DRAM bytes to copy)."""
         model = self.cluster_model
         n = int(from_cluster.sum())
-        end = issued + (model.lookup_s() if past or n else 0.0)
+        core = self.cache if isinstance(self.cache, CacheManager) else self.cache.manager
+        rounds = max(core.remote.lookup_rounds, 1) if past or n else 0
+        end = issued + rounds * model.lookup_s()  # the lookup's round trips
         if n:
             size = n * self.block_bytes
             end = max(end, self.cluster_free) + model.transfer_s(size, n)

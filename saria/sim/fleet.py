@@ -162,9 +162,9 @@ class Fleet:
         """Each node's reloadable prefix as routing bits: its own tiers (a
         tier's bit is its ``BIT``: GPU 1, DRAM 2, SSD 4), continued by the
         run the cluster holds after it (one pass over the cluster per
-        request, for every node), as far as the node's core looks past its
-        local prefix (``RemoteResidency.lookup_blocks``: the router predicts
-        the reload the core will make). A node's REMOTE copies in its index
+        request, for every node): the whole run, as the node's core's lookup
+        goes on while the cluster holds what it asks (the router predicts the
+        reload the core will make). A node's REMOTE copies in its index
         are not its own: what the cluster holds is read from the cluster."""
         local = {}
         for k in range(self.spec.nodes):
@@ -181,7 +181,6 @@ class Fleet:
         for k, bits in local.items():
             h = held[bits.shape[0] - lo:]
             more = int(np.argmin(h)) if h.size and not h.all() else int(h.size)
-            more = min(more, self.nodes[k].cache.remote.lookup_blocks)  # what its core's lookup finds
             out[self.names[k]] = np.concatenate([bits, np.full(more, CLUSTER_BIT, np.uint8)])
         return out
 
