@@ -21,10 +21,17 @@ class TraceFormatError(SariaError, ValueError):
         where = f"{self.path}:{line}" if line is not None else self.path
         super().__init__(f"{where}: {message}")
 
+    def __reduce__(self):  # from a worker process to its parent intact
+        return type(self), (self.path, self.line, self.message)
+
 
 class ConfigError(SariaError, ValueError):
     """A configuration value is invalid; the message names the key."""
 
     def __init__(self, key: str, message: str) -> None:
         self.key = key
+        self.message = message
         super().__init__(f"{key}: {message}")
+
+    def __reduce__(self):  # from a worker process to its parent intact
+        return type(self), (self.key, self.message)

@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from saria.errors import ConfigError, SariaError, TraceFormatError
 from saria.sim.parallel import available_cpus, parallel_map
 
 _SHARED: dict = {}  # set before forking, read in the workers (never pickled)
@@ -48,6 +49,35 @@ def _fails(i: int) -> int:
 def test_a_worker_error_reaches_the_caller():
     with pytest.raises(ValueError, match="item 2 is bad"):
         parallel_map(_fails, [0, 1, 2, 3], jobs=2)
+
+
+def _bad_input(i: int) -> int:
+    if i == 1:
+        raise ConfigError("--dram", "too small")
+    if i == 2:
+        raise TraceFormatError("t.jsonl", 7, "invalid JSON")
+    return i
+
+
+@pytest.mark.parametrize("items, kind, text", [
+    ([0, 1], ConfigError, "--dram: too small"), ([0, 2], TraceFormatError, "t.jsonl:7: invalid JSON")])
+def test_a_saria_error_in_a_worker_arrives_whole(items, kind, text):
+    """saria's one-line errors survive the trip from a worker (their own
+    pickling), instead of breaking the pool."""
+    with pytest.raises(kind) as info:
+        parallel_map(_bad_input, items, jobs=2)
+    assert str(info.value) == text
+
+
+def _dies(i: int) -> int:
+    if i == 1:
+        os._exit(3)  # as the OOM killer would end it
+    return i
+
+
+def test_a_worker_that_dies_is_one_line():
+    with pytest.raises(SariaError, match="worker process ended abruptly"):
+        parallel_map(_dies, [0, 1, 2], jobs=2)
 
 
 def test_available_cpus_is_positive():

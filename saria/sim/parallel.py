@@ -14,6 +14,9 @@ import multiprocessing as mp
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+
+from saria.errors import SariaError
 
 # Set in the parent just before the workers fork; read by them.
 _FN: Callable | None = None
@@ -64,13 +67,20 @@ def parallel_map(fn: Callable, items: Sequence, *, jobs: int | None = None,
             futures = {pool.submit(_run_item, i): i for i in range(len(items))}
             pending = set(futures)
             done = 0
-            while pending:
-                finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                for fut in finished:
-                    out[futures[fut]] = fut.result()
-                    done += 1
-                if progress:
-                    progress(sum(_DONE) if _DONE is not None else done)
+            try:
+                while pending:
+                    finished, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                    for fut in finished:
+                        out[futures[fut]] = fut.result()
+                        done += 1
+                    if progress:
+                        progress(sum(_DONE) if _DONE is not None else done)
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)  # the first error ends the map
+                raise
+    except BrokenProcessPool:
+        raise SariaError("a worker process ended abruptly (killed, or out of memory?); "
+                         "--jobs 1 runs one job at a time in this process") from None
     finally:
         _FN, _ITEMS, _DONE = None, (), None
     return out
