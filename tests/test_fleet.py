@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -219,3 +220,22 @@ def test_the_cli_replays_a_fleet_and_rejects_bad_flags():
     assert bad.returncode == 2 and "--fail" in bad.stderr and len(bad.stderr.splitlines()) == 1
     bad = _cli("--sessions", "2", "--nodes", "2", "--policy", "E2", "--policy", "saria")
     assert bad.returncode == 2 and "one admission policy" in bad.stderr
+
+
+def test_fleet_routings_side_by_side_report_what_one_by_one_runs_report(tmp_path):
+    """--jobs 2 runs each routing's fleet in its own worker; the reports (but
+    their wall time) equal the one-process run's, and a fleet's admission
+    state is its own (one setup per routing)."""
+    got = {}
+    for jobs in ("1", "2"):
+        out = tmp_path / f"f{jobs}.json"
+        r = _cli("--sessions", "8", "--nodes", "2", "--routing", "session", "--routing",
+                 "tier-aware", "--routing", "round-robin", "--cluster", "1TB", "--jobs", jobs,
+                 "--json", str(out))
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[jobs] = json.loads(out.read_text())["routings"]
+    assert list(got["2"]) == ["session", "tier-aware", "round-robin"]
+    for routing, rep in got["1"].items():
+        other = dict(got["2"][routing])
+        other.pop("wall_s"), rep.pop("wall_s")
+        assert other == rep, routing

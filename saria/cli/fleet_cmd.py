@@ -10,6 +10,7 @@ cluster tier of SIZE between the nodes (default: islands).
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import orjson
@@ -18,8 +19,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from saria.errors import ConfigError
-from saria.sim.remote import RemoteTierModel
 from saria.sim.fleet import ROUTINGS, Fleet, FleetSpec
+from saria.sim.parallel import available_cpus, parallel_map
+from saria.sim.remote import RemoteTierModel
 from saria.sim.replay import ReadPath, make_setup, open_loop_arrivals
 from saria.traces.arrivals import ArrivalModel
 from saria.units import format_size, parse_size
@@ -76,19 +78,21 @@ def run_fleet(args: argparse.Namespace, cfg: dict, trace, path, spec: str) -> in
     arrivals = open_loop_arrivals(trace, arrivals_model, args.max_context)
     name = cfg["policies"][0]
     read_path = ReadPath(args.lookup, args.promotion, args.coordinator, args.r)
-    results = {}
+    # one setup per fleet: a setup's admission and promotion objects keep state
+    setups = [make_setup(name, cfg["preset"], read_path=read_path, dram_bytes=cfg["dram"],
+                         ssd_bytes=cfg["ssd"], trace_block_size=int(trace.block_size))
+              for _ in specs]
+    jobs = min(args.jobs or available_cpus(), len(specs))
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn())
     with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("fleet", total=len(arrivals))
-        for fs in specs:
-            bar.update(task, description=f"{fs.nodes} nodes, {fs.routing}", completed=0)
-            setup = make_setup(name, cfg["preset"], read_path=read_path, dram_bytes=cfg["dram"],
-                               ssd_bytes=cfg["ssd"], trace_block_size=int(trace.block_size))
-            t0 = time.perf_counter()
-            rep = Fleet(setup, fs).run(arrivals, lambda d: bar.update(task, completed=d))
-            rep["wall_s"] = time.perf_counter() - t0
-            results[fs.routing] = rep
+        side = f" ({jobs} side by side)" if jobs > 1 else ""
+        task = bar.add_task(f"{args.nodes} nodes: {', '.join(routings)}{side}",
+                            total=len(arrivals) * len(specs))
+        run = functools.partial(_run_one, arrivals)
+        reports = parallel_map(run, list(zip(specs, setups)), jobs=jobs, item_progress=True,
+                               progress=lambda d: bar.update(task, completed=d))
+    results = {fs.routing: rep for fs, rep in zip(specs, reports)}
     config = {"trace": str(path), "sessions": trace.num_sessions, "requests": len(arrivals),
               "arrivals": spec, "preset": cfg["preset"].name, "policy": name,
               "nodes": args.nodes, "cluster_bytes": specs[0].cluster.capacity_bytes
@@ -98,6 +102,15 @@ def run_fleet(args: argparse.Namespace, cfg: dict, trace, path, spec: str) -> in
         args.json.write_bytes(orjson.dumps({"config": config, "routings": results},
                                            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
     return 0
+
+
+def _run_one(arrivals, job: tuple, report) -> dict:
+    """One routing's fleet replay (in a worker of ``parallel_map``)."""
+    fs, setup = job
+    t0 = time.perf_counter()
+    rep = Fleet(setup, fs).run(arrivals, report)
+    rep["wall_s"] = time.perf_counter() - t0
+    return rep
 
 
 ROWS = (

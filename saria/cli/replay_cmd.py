@@ -26,8 +26,8 @@ from saria.cli import fleet_cmd
 from saria.errors import ConfigError
 from saria.policy import PROMOTIONS, make_admission
 from saria.sim.engine import LOOKUPS
-from saria.sim.presets import DEFAULT_PRESET, get_preset
 from saria.sim.parallel import available_cpus
+from saria.sim.presets import DEFAULT_PRESET, get_preset
 from saria.sim.replay import DEFAULT_POLICIES, ReadPath, make_setup, run_policies
 from saria.traces import BUNDLED, FORMATS, load_trace, resolve_trace
 from saria.traces.arrivals import ArrivalModel
@@ -80,7 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="real mode: directory for the SSD store, one subdirectory per policy, "
                    "kept afterwards (default: a temporary one, removed after each policy)")
     p.add_argument("--jobs", type=int, default=None, metavar="N",
-                   help="policies replayed side by side, one process each (default: one per CPU; "
+                   help="policies (or a fleet's routings) replayed side by side, one process each "
+                   "(default: one per CPU; "
                    "1 = one after another in this process)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the report as JSON")
     fleet_cmd.add_flags(p)
