@@ -79,6 +79,21 @@ def test_put_from_registered_rows_and_skip_existing(tier):
     assert tier.get(keys, out).ok.all() and np.array_equal(out, data)
 
 
+def test_a_put_without_the_exists_call_holds_every_key_and_keeps_existing_objects(tier):
+    """skip_existing=False (no exists round trip): every key is held
+    afterwards, and an object the cluster had stays as it was -- here its
+    bytes differ from the second put's, to tell which one the cluster kept."""
+    keys, data = _fresh(6, 5)
+    assert tier.put(keys[:3], data[:3]).stored.all()
+    other = data.copy()
+    other[:3] ^= 0xFF
+    again = tier.put(keys, other, skip_existing=False)
+    assert again.held.all() and not again.failed.any()
+    out = np.zeros_like(data)
+    assert tier.get(keys, out).ok.all()
+    assert np.array_equal(out[:3], data[:3]) and np.array_equal(out[3:], other[3:])
+
+
 def test_other_namespace_and_missing_keys_are_misses(master, tier):
     keys, data = _fresh(4, 3)
     tier.put(keys, data)
