@@ -222,10 +222,7 @@ def _held(cluster, keys: np.ndarray, start: int, stop_after: int) -> np.ndarray:
     """Which of ``keys[start:]`` the cluster holds, up to the first block
     past `stop_after` it does not (every node's run is read from this)."""
     raw, w = keys.tobytes(), keys.shape[1]
-    out = []
-    for i in range(start, keys.shape[0]):
-        hit = raw[i * w:(i + 1) * w] in cluster
-        if not hit and i >= stop_after:
-            break
-        out.append(hit)
-    return np.asarray(out, dtype=bool)
+    held = np.array(cluster.exists([raw[i * w:(i + 1) * w] for i in range(start, keys.shape[0])]),
+                    dtype=bool)
+    past = np.flatnonzero(~held[max(stop_after - start, 0):])
+    return held[:max(stop_after - start, 0) + int(past[0])] if past.size else held

@@ -121,7 +121,7 @@ class ClusterKeys:
 
     def exists(self, keys: Iterable[bytes]) -> list[bool]:
         """Which keys are held (no use: a lookup does not refresh an object)."""
-        return [k in self._lru for k in keys]
+        return list(map(self._lru.__contains__, keys))  # the loop in C: ~every request asks
 
     def get(self, keys: Iterable[bytes]) -> list[bool]:
         """Which keys are held; each held one counts as used."""
