@@ -12,11 +12,13 @@
 #include <nanobind/stl/vector.h>
 
 #include "copy/rows.h"
+#include "index/key_set.h"
 #include "index/radix_core.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 using saria::EvictedBlock;
+using saria::KeySet;
 using saria::kKeyBytes;
 using saria::RadixCore;
 
@@ -115,6 +117,34 @@ NB_MODULE(_native, m) {
   m.attr("KEY_BYTES") = kKeyBytes;
   m.attr("NUM_TIERS") = saria::kNumTiers;
   m.attr("NO_SLOT") = saria::kNil;
+
+  nb::class_<KeySet>(m, "KeySet")
+      .def(nb::init<>())
+      .def(
+          "add",
+          [](KeySet& s, KeyArray keys) {
+            nb::gil_scoped_release rel;
+            return s.add(keys.data(), keys.shape(0));
+          },
+          "keys"_a)
+      .def(
+          "contains",
+          [](const KeySet& s, KeyArray keys) {
+            size_t k = keys.shape(0);
+            std::vector<uint8_t> out(k);
+            s.contains(keys.data(), k, out.data());
+            return to_numpy(std::move(out), {k});
+          },
+          "keys"_a)
+      .def("count_absent_from", &KeySet::count_absent_from, "other"_a)
+      .def("__len__", &KeySet::size)
+      .def("memory_bytes", &KeySet::memory_bytes)
+      .def("keys", [](const KeySet& s) {
+        size_t k = s.size();
+        std::vector<uint8_t> out(k * kKeyBytes);
+        if (k) std::memcpy(out.data(), s.keys().data(), k * kKeyBytes);
+        return to_numpy(std::move(out), {k, kKeyBytes});
+      });
 
   nb::class_<RadixCore>(m, "RadixCore")
       .def(nb::init<uint64_t, bool>(), "max_nodes"_a, "hybrid"_a)
@@ -265,6 +295,17 @@ NB_MODULE(_native, m) {
             return evicted_to_dict(std::move(ev));
           },
           "tier"_a, "count"_a, "cutoff"_a, "now"_a, "pin"_a, "unpin"_a)
+      .def(
+          "place",
+          [](RadixCore& c, KeyArray keys, int tier, int64_t free, uint32_t session, double now) {
+            std::pair<uint32_t, uint32_t> r;
+            {
+              nb::gil_scoped_release rel;
+              r = c.place(keys.data(), keys.shape(0), tier, free, session, now);
+            }
+            return nb::make_tuple(r.first, r.second);
+          },
+          "keys"_a, "tier"_a, "free"_a, "session"_a, "now"_a)
       .def("lock", [](RadixCore& c, KeyArray keys) { c.lock(keys.data(), keys.shape(0)); }, "keys"_a)
       .def(
           "unlock",

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <limits>
 #include <new>
 #include <unordered_set>
 
@@ -74,7 +75,12 @@ void huge_free(void* p) noexcept { std::free(p); }
 
 RadixCore::RadixCore(uint64_t max_nodes, bool hybrid) : max_nodes_(max_nodes), hybrid_(hybrid) {
   for (int l = 0; l < kNumLists; ++l) head_[l] = tail_[l] = kNil;
-  nodes_.reserve(1024);
+  // Room for the whole budget up front: address space only (a page is backed
+  // when a node is first written there), and the array never grows by
+  // copying into fresh pages the kernel must zero first -- growth cost 8% of
+  // a replay, nearly all of it zeroing the pages the copy landed on. Past the
+  // budget (resident blocks keep it soft) the vector grows as usual.
+  nodes_.reserve(static_cast<size_t>(std::clamp<uint64_t>(max_nodes + 1, 1024, kReserveNodes)));
   nodes_.push_back(Node{});
   Node& root = nodes_[kRoot];
   std::memset(&root, 0, sizeof(Node));
@@ -430,6 +436,36 @@ std::vector<EvictedBlock> RadixCore::evict_pinned(int tier, size_t count, double
   return out;
 }
 
+std::pair<uint32_t, uint32_t> RadixCore::place(const uint8_t* keys, size_t n, int tier,
+                                                int64_t free, uint32_t session, double now) {
+  check_tier(tier);
+  if (hybrid_) bad("place: a hybrid index reports its victims' checkpoints: use evict and add");
+  const uint32_t m = walk(keys, n);
+  std::vector<int64_t> pos;
+  pos.reserve(n);
+  for (uint32_t i = 0; i < m; ++i)
+    if (!(nodes_[path_[i]].tiers & bit(tier))) pos.push_back(i);
+  for (size_t i = m; i < n; ++i) pos.push_back(static_cast<int64_t>(i));
+  const int64_t want = static_cast<int64_t>(pos.size());
+  if (want == 0) return {0, 0};
+  int64_t room = want;
+  uint32_t evicted = 0;
+  if (free < want) {
+    const double inf = std::numeric_limits<double>::infinity();
+    const size_t count = static_cast<size_t>(want - std::max<int64_t>(free, 0));
+    evicted = static_cast<uint32_t>(
+        (m > 0 ? evict_pinned(tier, count, inf, now, keys, m, true) : evict(tier, count, inf, now))
+            .size());
+    room = std::max<int64_t>(0, std::min<int64_t>(want, free + evicted));
+  }
+  if (room > 0) {
+    std::vector<uint32_t> slots(static_cast<size_t>(room), 0);
+    add(keys, static_cast<size_t>(pos[room - 1]) + 1, tier, pos.data(), slots.data(),
+        static_cast<size_t>(room), session, now);
+  }
+  return {static_cast<uint32_t>(room), evicted};
+}
+
 void RadixCore::lock(const uint8_t* keys, size_t n) {
   uint32_t m = walk(keys, n);
   if (m < n) bad("lock: block at position " + std::to_string(m) + " is not in the index");
@@ -572,7 +608,9 @@ size_t RadixCore::handles_bytes() const {
 }
 
 size_t RadixCore::memory_bytes() const {
-  return nodes_.capacity() * sizeof(Node) + free_.capacity() * sizeof(uint32_t) +
+  // Node slots ever used (live or on the free list): the reserved rest of the
+  // array is address space that no page backs.
+  return nodes_.size() * sizeof(Node) + free_.capacity() * sizeof(uint32_t) +
          table_.capacity() * sizeof(uint64_t) + handles_bytes() +
          ckpts_.size() * (sizeof(Checkpoint) + 48) +
          (ckpt_lru_[0].size() + ckpt_lru_[1].size() + ckpt_lru_[2].size()) * 48;
@@ -654,7 +692,9 @@ void RadixCore::check_invariants() const {
 
 // ---------------------------------------------------------------- helpers
 
-uint64_t RadixCore::hash_key(const Key& k) {
+uint64_t RadixCore::hash_key(const Key& k) { return key_hash(k); }
+
+uint64_t key_hash(const Key& k) {
   uint64_t h = k.w[0] * 0x9E3779B97F4A7C15ull;
   h ^= k.w[1] * 0xC2B2AE3D27D4EB4Full;
   h = (h ^ (h >> 31)) * 0x94D049BB133111EBull;

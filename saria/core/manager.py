@@ -337,6 +337,15 @@ class CacheManager:
         """Makes every block of `keys` resident in `tier` with no admission:
         the replay's model of the GPU prefix cache (after prefill the whole
         prompt is in HBM). Returns the blocks added."""
+        if tier == GPU and self.backend.slotless and not self.hybrid:
+            # A GPU victim's release touches no index state (see _make_room):
+            # masks, pinned eviction and the add are one index call.
+            if self.backend.capacity(tier) == 0:
+                return 0
+            added, freed = self.index.place(keys, tier, free=self.backend.free_units(tier),
+                                            session=session)
+            self.backend.recount(tier, added, freed)
+            return added
         known, masks = self._masks(keys)
         pos = np.flatnonzero((masks & tier.bit) == 0)
         if pos.size == 0 or self.backend.capacity(tier) == 0:
