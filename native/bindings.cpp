@@ -4,6 +4,7 @@
 // call per run of blocks, never one per block. The heavy calls release the GIL
 // while they work; the Python facade serialises access with its own lock.
 #include <nanobind/nanobind.h>
+#include <algorithm>
 #include <nanobind/ndarray.h>
 
 #include "np_util.h"
@@ -26,6 +27,7 @@ using KeyArray = nb::ndarray<const uint8_t, nb::shape<-1, 32>, nb::c_contig, nb:
 using OneKey = nb::ndarray<const uint8_t, nb::shape<32>, nb::c_contig, nb::device::cpu>;
 using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using U32Array = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using F64Array = nb::ndarray<const double, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 namespace {
 
@@ -113,6 +115,30 @@ NB_MODULE(_native, m) {
       "dst"_a, "dst_stride"_a, "dst_idx"_a, "src"_a, "src_stride"_a, "src_idx"_a, "n"_a,
       "row_bytes"_a,
       "Row copies by index between raw strided buffers (saria.tiers.copy checks the arguments).");
+  m.def(
+      "bin_counts",
+      [](F64Array x, F64Array edges) {
+        const size_t n = edges.shape(0);
+        if (n == 0) throw std::invalid_argument("bin_counts: no bin edges");
+        const double* e = edges.data();
+        const double* v = x.data();
+        std::vector<int64_t> out(n, 0);
+        // numpy's order for doubles (NaN after everything), as searchsorted uses it
+        auto lt = [](double a, double b) { return a < b || (b != b && a == a); };
+        size_t b = 0;
+        for (size_t j = 0; j < x.shape(0); ++j) {
+          if (j == 0 || !(v[j] == v[j - 1])) {  // a request's blocks share idle times: runs
+            const size_t i = static_cast<size_t>(std::upper_bound(e, e + n, v[j], lt) - e);
+            b = std::min(i == 0 ? 0 : i - 1, n - 1);
+          }
+          out[b] += 1;
+        }
+        return to_numpy(std::move(out), {n});
+      },
+      "x"_a, "edges"_a,
+      "Counts of x per bin [edges[i], edges[i+1]) (ascending edges; below the first in bin 0, "
+      "past the last in the last): np.bincount(np.clip(np.searchsorted(edges, x, 'right') - 1, "
+      "0, n - 1), minlength=n) in one call.");
   m.doc() = "saria native core: the radix-tree index";
   m.attr("KEY_BYTES") = kKeyBytes;
   m.attr("NUM_TIERS") = saria::kNumTiers;
