@@ -551,8 +551,13 @@ def _int_array(name: str, value: Any) -> np.ndarray:
 
 
 def _u32_array(name: str, value: Any) -> np.ndarray:
-    arr = _int_array(name, value)
-    if arr.size and arr.max() >= _MAX_U32:
+    arr = np.asarray(value)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"{name} must be a 1-D sequence of ints")
+    # One reduction for both bounds: a negative value is a huge one as uint64.
+    if arr.size and arr.astype(np.int64, copy=False).view(np.uint64).max() >= _MAX_U32:
+        if arr.min() < 0 or arr.dtype == np.uint64 and arr.max() >= 1 << 63:
+            raise ValueError(f"{name} must not hold negative values")
         raise ValueError(f"{name} values must be below {_MAX_U32}")
     return arr.astype(np.uint32)
 
