@@ -111,6 +111,7 @@ struct alignas(64) Node {
   uint8_t linked;    // bit l: linked in list l
   uint8_t parked;    // bit l: parked out of list l
   uint8_t live;      // slot in use
+  mutable uint8_t seen;  // listed in the call running now (its duplicate check); 0 between calls
   uint32_t n_children;
   // --- second line (from n_children)
   uint32_t tier_children[kNumTiers];
