@@ -28,8 +28,10 @@ them, with the answers of fresh walks.
 
 Memory: each tracked block costs ``node_bytes`` (256 B: four tiers, four cache
 lines) in the node array plus 16-32 B in the key table (8 B entries at load
-factor 0.25-0.5) and the vector's slack: about 332 B per block on the WEKA
-trace, measured by ``saria bench index``. A budget of 4 M blocks is ~1.3 GB.
+factor 0.25-0.5): about 277 B per block on the WEKA trace, measured by ``saria
+bench index``. The node array reserves the budget's address space up front
+(pages are backed as nodes are created), so it never grows by copying. A
+budget of 4 M blocks is ~1.2 GB.
 """
 
 from __future__ import annotations
