@@ -111,7 +111,12 @@ RadixCore::RadixCore(uint64_t max_nodes, bool hybrid) : max_nodes_(max_nodes), h
   // copying into fresh pages the kernel must zero first -- growth cost 8% of
   // a replay, nearly all of it zeroing the pages the copy landed on. Past the
   // budget (resident blocks keep it soft) the vector grows as usual.
-  nodes_.reserve(static_cast<size_t>(std::clamp<uint64_t>(max_nodes + 1, 1024, kReserveNodes)));
+  // Where the address space is refused (strict overcommit), it grows as before.
+  try {
+    nodes_.reserve(static_cast<size_t>(std::clamp<uint64_t>(max_nodes + 1, 1024, kReserveNodes)));
+  } catch (const std::bad_alloc&) {
+    nodes_.reserve(1024);
+  }
   nodes_.push_back(Node{});
   Node& root = nodes_[kRoot];
   std::memset(&root, 0, sizeof(Node));

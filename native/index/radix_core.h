@@ -42,7 +42,7 @@
 // "free in reverse order" rule, which the tree makes structural).
 //
 // Walks and the path handle. Every verb that takes a request's keys as a
-// path (match, history, path_slots, touch, add, lock, unlock) finds its nodes
+// path (match, history, path_slots, touch, add, place, lock, unlock) finds its nodes
 // through walk(), which keeps the last path walked: its keys and their
 // matched nodes. A walk of keys that share a prefix with that path reuses the
 // nodes of the shared prefix (the keys are compared byte for byte, and the
