@@ -4,6 +4,7 @@
 // call per run of blocks, never one per block. The heavy calls release the GIL
 // while they work; the Python facade serialises access with its own lock.
 #include <nanobind/nanobind.h>
+#include <algorithm>
 #include <nanobind/ndarray.h>
 
 #include "np_util.h"
@@ -12,11 +13,13 @@
 #include <nanobind/stl/vector.h>
 
 #include "copy/rows.h"
+#include "index/key_set.h"
 #include "index/radix_core.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
 using saria::EvictedBlock;
+using saria::KeySet;
 using saria::kKeyBytes;
 using saria::RadixCore;
 
@@ -24,6 +27,7 @@ using KeyArray = nb::ndarray<const uint8_t, nb::shape<-1, 32>, nb::c_contig, nb:
 using OneKey = nb::ndarray<const uint8_t, nb::shape<32>, nb::c_contig, nb::device::cpu>;
 using I64Array = nb::ndarray<const int64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using U32Array = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using F64Array = nb::ndarray<const double, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
 namespace {
 
@@ -111,10 +115,62 @@ NB_MODULE(_native, m) {
       "dst"_a, "dst_stride"_a, "dst_idx"_a, "src"_a, "src_stride"_a, "src_idx"_a, "n"_a,
       "row_bytes"_a,
       "Row copies by index between raw strided buffers (saria.tiers.copy checks the arguments).");
+  m.def(
+      "bin_counts",
+      [](F64Array x, F64Array edges) {
+        const size_t n = edges.shape(0);
+        if (n == 0) throw std::invalid_argument("bin_counts: no bin edges");
+        const double* e = edges.data();
+        const double* v = x.data();
+        std::vector<int64_t> out(n, 0);
+        // numpy's order for doubles (NaN after everything), as searchsorted uses it
+        auto lt = [](double a, double b) { return a < b || (b != b && a == a); };
+        size_t b = 0;
+        for (size_t j = 0; j < x.shape(0); ++j) {
+          if (j == 0 || !(v[j] == v[j - 1])) {  // a request's blocks share idle times: runs
+            const size_t i = static_cast<size_t>(std::upper_bound(e, e + n, v[j], lt) - e);
+            b = std::min(i == 0 ? 0 : i - 1, n - 1);
+          }
+          out[b] += 1;
+        }
+        return to_numpy(std::move(out), {n});
+      },
+      "x"_a, "edges"_a,
+      "Counts of x per bin [edges[i], edges[i+1]) (ascending edges; below the first in bin 0, "
+      "past the last in the last): np.bincount(np.clip(np.searchsorted(edges, x, 'right') - 1, "
+      "0, n - 1), minlength=n) in one call.");
   m.doc() = "saria native core: the radix-tree index";
   m.attr("KEY_BYTES") = kKeyBytes;
   m.attr("NUM_TIERS") = saria::kNumTiers;
   m.attr("NO_SLOT") = saria::kNil;
+
+  nb::class_<KeySet>(m, "KeySet")
+      .def(nb::init<>())
+      .def(
+          "add",
+          [](KeySet& s, KeyArray keys) {
+            nb::gil_scoped_release rel;
+            return s.add(keys.data(), keys.shape(0));
+          },
+          "keys"_a)
+      .def(
+          "contains",
+          [](const KeySet& s, KeyArray keys) {
+            size_t k = keys.shape(0);
+            std::vector<uint8_t> out(k);
+            s.contains(keys.data(), k, out.data());
+            return to_numpy(std::move(out), {k});
+          },
+          "keys"_a)
+      .def("count_absent_from", &KeySet::count_absent_from, "other"_a)
+      .def("__len__", &KeySet::size)
+      .def("memory_bytes", &KeySet::memory_bytes)
+      .def("keys", [](const KeySet& s) {
+        size_t k = s.size();
+        std::vector<uint8_t> out(k * kKeyBytes);
+        if (k) std::memcpy(out.data(), s.keys().data(), k * kKeyBytes);
+        return to_numpy(std::move(out), {k, kKeyBytes});
+      });
 
   nb::class_<RadixCore>(m, "RadixCore")
       .def(nb::init<uint64_t, bool>(), "max_nodes"_a, "hybrid"_a)
@@ -265,6 +321,17 @@ NB_MODULE(_native, m) {
             return evicted_to_dict(std::move(ev));
           },
           "tier"_a, "count"_a, "cutoff"_a, "now"_a, "pin"_a, "unpin"_a)
+      .def(
+          "place",
+          [](RadixCore& c, KeyArray keys, int tier, int64_t free, uint32_t session, double now) {
+            std::pair<uint32_t, uint32_t> r;
+            {
+              nb::gil_scoped_release rel;
+              r = c.place(keys.data(), keys.shape(0), tier, free, session, now);
+            }
+            return nb::make_tuple(r.first, r.second);
+          },
+          "keys"_a, "tier"_a, "free"_a, "session"_a, "now"_a)
       .def("lock", [](RadixCore& c, KeyArray keys) { c.lock(keys.data(), keys.shape(0)); }, "keys"_a)
       .def(
           "unlock",

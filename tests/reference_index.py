@@ -324,6 +324,31 @@ class RefIndex:
             self.unlock(pin, now)
         return out
 
+    def place(self, keys: list[bytes], tier: int, free: int, session: int,
+              now: float) -> tuple[int, int]:
+        """A slotless tier's placement: the blocks holding no slot in `tier`
+        (ready or filling), evict_pinned of the known prefix with unpin (a
+        plain evict when nothing is known) when `free` is short, then add of
+        as many as there is room for, slot 0 each."""
+        if self.hybrid:
+            raise ValueError("place on a hybrid index")
+        path = self._walk(keys)
+        m = len(path)
+        pos = [i for i in range(len(keys)) if i >= m or tier not in path[i].tiers]
+        if not pos:
+            return 0, 0
+        room, victims = len(pos), 0
+        if free < len(pos):
+            count = len(pos) - max(free, 0)
+            inf = float("inf")
+            out = (self.evict_pinned(tier, count, inf, now, keys[:m], True) if m
+                   else self.evict(tier, count, inf, now))
+            victims = len(out)
+            room = max(0, min(len(pos), free + victims))
+        if room:
+            self.add(keys[:pos[room - 1] + 1], tier, pos[:room], [0] * room, session, now)
+        return room, victims
+
     def lock(self, keys: list[bytes]) -> None:
         path = self._walk(keys)
         if len(path) < len(keys):

@@ -323,3 +323,20 @@ def test_promotion_cutoff_learned_from_return_gaps():
     with pytest.raises(ConfigError):
         make_promotion("lazy", r=0.5, min_victim_age_s="soon")
     assert DAY == 86_400.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                          st.sampled_from(list(ReturnGaps.EDGES[:12]) + [-0.0, 0.0])),
+                max_size=40),
+       st.booleans())
+def test_histogram_counts_are_numpys_binning(xs, sort) -> None:
+    """The native binning DecayedHistogram.add counts with is numpy's
+    clip(searchsorted(edges, x, 'right') - 1) bincount, on edges, between
+    them, below, above, signed zeros, NaN and infinities, in runs or not."""
+    from saria import _native
+    x = np.sort(np.asarray(xs, float)) if sort else np.asarray(xs, float)
+    for edges in (ReturnGaps.EDGES, np.arange(5.0)):
+        h = DecayedHistogram(edges, DAY)
+        want = np.bincount(h.bin(x), minlength=edges.shape[0]) if x.size else np.zeros(len(edges))
+        assert list(_native.bin_counts(x, h.edges)) == list(want)

@@ -6,8 +6,10 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from saria.index import RadixIndex, Tier, VirtualClock
+from saria.index import KeySet, RadixIndex, Tier, VirtualClock
 from saria.keys import BlockHasher, keys_to_array
 
 B = 4  # tokens per block
@@ -379,3 +381,34 @@ def test_saved_handles_serve_interleaved_sessions_as_fresh_walks():
         assert ix.residency(other)[0] == _fresh_walk(ix, other)[0]
         ix.check()
     assert ix.stats().ghosts_dropped > 0  # the budget dropped nodes on the way
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), max_size=30), max_size=12), st.integers(0, 3))
+def test_key_set_against_a_python_set(batches, split) -> None:
+    """KeySet (the replay's distinct SSD-written and read blocks) answers as a
+    Python set of the same keys does, across table growth (a pool of 41 keys
+    differing in one byte and several with one first word)."""
+    def keys(ids):
+        a = np.zeros((len(ids), 32), np.uint8)
+        a[:, 31] = ids
+        a[:, 0] = np.asarray(ids, np.int64) % 3
+        return a
+    a, b = KeySet(), KeySet()
+    ra, rb, order = set(), set(), []
+    for i, ids in enumerate(batches):
+        target, ref = (a, ra) if i % 4 != split else (b, rb)
+        new = [k for k in dict.fromkeys(bytes(k) for k in keys(ids)) if k not in ref]
+        assert target.add(keys(ids)) == len(new)
+        ref.update(new)
+        if target is a:
+            order += new
+    assert len(a) == len(ra) and len(b) == len(rb)
+    assert [bytes(k) for k in a.keys()] == order
+    assert a.count_absent_from(b) == len(ra - rb)
+    probe = keys(list(range(41)))
+    assert list(a.contains(probe)) == [bytes(k) in ra for k in probe]
+    big = KeySet()  # past the first table size (1024 entries at load 1/2)
+    many = np.random.default_rng(0).integers(0, 256, (5000, 32), dtype=np.uint8)
+    assert big.add(many) == 5000 and big.add(many[::7]) == 0 and len(big) == 5000
+    assert big.contains(many).all() and not big.contains(probe).any()

@@ -186,6 +186,17 @@ class IndexMachine(RuleBasedStateMachine):
                                  lock))
         assert got == want
 
+    @rule(p=prompts, tier=st.sampled_from(TIERS), free=st.integers(0, 8),
+          session=st.integers(0, 3))
+    def place(self, p, tier, free: int, session: int) -> None:
+        """A slotless tier's placement (the replay's GPU prefix cache) in one
+        call: residency, pinned eviction when short of room, add."""
+        keys = chain_keys(*p)
+        got, want = self.both(
+            lambda: self.ix.place(keys, tier, free=free, session=session, now=self.now),
+            lambda: self.ref.place(keys, int(tier), free, session, self.now))
+        assert got == want
+
     @rule(tier=st.sampled_from(TIERS), data=st.data())
     def set_ready(self, tier, data) -> None:
         pool = sorted(k for k, n in self.ref.nodes.items() if n.tiers) + [b"\x03" * 32]

@@ -7,19 +7,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdlib>
+#include <limits>
 #include <new>
-#include <unordered_set>
 
 namespace saria {
 
 namespace {
-
-struct KeyHash {
-  size_t operator()(const Key& k) const {
-    return static_cast<size_t>(k.w[0] ^ (k.w[1] * 0x9E3779B97F4A7C15ull) ^
-                               (k.w[2] * 0xC2B2AE3D27D4EB4Full) ^ (k.w[3] * 0x165667B19E3779F9ull));
-  }
-};
 
 inline int lowest_tier(uint8_t mask) {
   for (int t = 0; t < kNumTiers; ++t)
@@ -55,6 +48,45 @@ EvictedBlock history_of(const Node& nd, uint32_t slot) {
 
 [[noreturn]] void bad(const std::string& msg) { throw std::invalid_argument(msg); }
 
+// The duplicate check of a list of keys without a set: each node found is
+// flagged (Node::seen) and its index stored in idxs; the flags are cleared
+// when the check goes out of scope, however the call ends.
+template <class Nodes>
+struct SeenMarks {
+  const Nodes& nodes;
+  std::vector<uint32_t>& idxs;
+  size_t n = 0;
+  // False when idx was listed earlier in this call.
+  bool first(uint32_t idx) {
+    if (nodes[idx].seen) return false;
+    nodes[idx].seen = 1;
+    idxs[n++] = idx;
+    return true;
+  }
+  ~SeenMarks() {
+    for (size_t i = 0; i < n; ++i) nodes[idxs[i]].seen = 0;
+  }
+};
+
+// Position (after `from`) of the first key of keys[from..to) that repeats an
+// earlier one of them, or `to`: an open-addressing table of positions.
+size_t first_repeat(const uint8_t* keys, size_t from, size_t to) {
+  size_t cap = 16;
+  while (cap < 2 * (to - from)) cap *= 2;
+  std::vector<uint32_t> table(cap, kNil);
+  for (size_t i = from; i < to; ++i) {
+    const Key key = load_key(keys + i * kKeyBytes);
+    for (uint64_t pos = key_hash(key) & (cap - 1);; pos = (pos + 1) & (cap - 1)) {
+      if (table[pos] == kNil) {
+        table[pos] = static_cast<uint32_t>(i);
+        break;
+      }
+      if (load_key(keys + table[pos] * kKeyBytes) == key) return i;
+    }
+  }
+  return to;
+}
+
 }  // namespace
 
 void* huge_alloc(size_t bytes, size_t align) {
@@ -74,7 +106,17 @@ void huge_free(void* p) noexcept { std::free(p); }
 
 RadixCore::RadixCore(uint64_t max_nodes, bool hybrid) : max_nodes_(max_nodes), hybrid_(hybrid) {
   for (int l = 0; l < kNumLists; ++l) head_[l] = tail_[l] = kNil;
-  nodes_.reserve(1024);
+  // Room for the whole budget up front: address space only (a page is backed
+  // when a node is first written there), and the array never grows by
+  // copying into fresh pages the kernel must zero first -- growth cost 8% of
+  // a replay, nearly all of it zeroing the pages the copy landed on. Past the
+  // budget (resident blocks keep it soft) the vector grows as usual.
+  // Where the address space is refused (strict overcommit), it grows as before.
+  try {
+    nodes_.reserve(static_cast<size_t>(std::clamp<uint64_t>(max_nodes + 1, 1024, kReserveNodes)));
+  } catch (const std::bad_alloc&) {
+    nodes_.reserve(1024);
+  }
   nodes_.push_back(Node{});
   Node& root = nodes_[kRoot];
   std::memset(&root, 0, sizeof(Node));
@@ -284,13 +326,12 @@ uint32_t RadixCore::add(const uint8_t* keys, size_t n, int tier, const int64_t* 
   // Validate the part to be created: no key may already exist elsewhere
   // (a chained key names one prefix) and none may repeat.
   if (m < last) {
-    std::unordered_set<Key, KeyHash> fresh;
+    const size_t repeat = first_repeat(keys, m, last);
     for (size_t i = m; i < last; ++i) {
-      Key key = load_key(keys + i * kKeyBytes);
-      if (find_key(key) != kNil)
+      if (find_key(load_key(keys + i * kKeyBytes)) != kNil)
         bad("add: key at position " + std::to_string(i) +
             " is already indexed under a different prefix");
-      if (!fresh.insert(key).second)
+      if (i == repeat)
         bad("add: key at position " + std::to_string(i) + " repeats an earlier key of the path");
     }
   }
@@ -335,16 +376,17 @@ void RadixCore::add_existing(const uint8_t* keys, size_t k, int tier, const uint
                              double now) {
   check_tier(tier);
   std::vector<uint32_t> idxs(k);
-  std::unordered_set<uint32_t> seen;
-  for (size_t j = 0; j < k; ++j) {
-    uint32_t idx = find_key(load_key(keys + j * kKeyBytes));
-    if (idx == kNil) bad("add_existing: key " + std::to_string(j) + " is not in the index");
-    if (nodes_[idx].tiers & bit(tier))
-      bad("add_existing: key " + std::to_string(j) + " is already resident in tier " +
-          std::to_string(tier));
-    if (slots[j] == kNil) bad("add_existing: slot handle 0xFFFFFFFF is reserved");
-    if (!seen.insert(idx).second) bad("add_existing: key " + std::to_string(j) + " is listed twice");
-    idxs[j] = idx;
+  {
+    SeenMarks<decltype(nodes_)> marks{nodes_, idxs};
+    for (size_t j = 0; j < k; ++j) {
+      uint32_t idx = find_key(load_key(keys + j * kKeyBytes));
+      if (idx == kNil) bad("add_existing: key " + std::to_string(j) + " is not in the index");
+      if (nodes_[idx].tiers & bit(tier))
+        bad("add_existing: key " + std::to_string(j) + " is already resident in tier " +
+            std::to_string(tier));
+      if (slots[j] == kNil) bad("add_existing: slot handle 0xFFFFFFFF is reserved");
+      if (!marks.first(idx)) bad("add_existing: key " + std::to_string(j) + " is listed twice");
+    }
   }
   now = advance(now);
   for (size_t j = 0; j < k; ++j) set_tier(idxs[j], tier, slots[j], now, false);
@@ -371,14 +413,15 @@ void RadixCore::set_ready(const uint8_t* keys, size_t k, int tier, double now) {
 void RadixCore::remove(const uint8_t* keys, size_t k, int tier, uint32_t* out_slots, double now) {
   check_tier(tier);
   std::vector<uint32_t> idxs(k);
-  std::unordered_set<uint32_t> seen;
-  for (size_t j = 0; j < k; ++j) {
-    uint32_t idx = find_key(load_key(keys + j * kKeyBytes));
-    if (idx == kNil) bad("remove: key " + std::to_string(j) + " is not in the index");
-    if (!(nodes_[idx].tiers & bit(tier)))
-      bad("remove: key " + std::to_string(j) + " is not resident in tier " + std::to_string(tier));
-    if (!seen.insert(idx).second) bad("remove: key " + std::to_string(j) + " is listed twice");
-    idxs[j] = idx;
+  {
+    SeenMarks<decltype(nodes_)> marks{nodes_, idxs};
+    for (size_t j = 0; j < k; ++j) {
+      uint32_t idx = find_key(load_key(keys + j * kKeyBytes));
+      if (idx == kNil) bad("remove: key " + std::to_string(j) + " is not in the index");
+      if (!(nodes_[idx].tiers & bit(tier)))
+        bad("remove: key " + std::to_string(j) + " is not resident in tier " + std::to_string(tier));
+      if (!marks.first(idx)) bad("remove: key " + std::to_string(j) + " is listed twice");
+    }
   }
   now = advance(now);
   for (size_t j = 0; j < k; ++j) {
@@ -428,6 +471,36 @@ std::vector<EvictedBlock> RadixCore::evict_pinned(int tier, size_t count, double
   std::vector<EvictedBlock> out = evict(tier, count, cutoff, now);
   if (unpin) unlock(pin, n_pin, now);
   return out;
+}
+
+std::pair<uint32_t, uint32_t> RadixCore::place(const uint8_t* keys, size_t n, int tier,
+                                                int64_t free, uint32_t session, double now) {
+  check_tier(tier);
+  if (hybrid_) bad("place: a hybrid index reports its victims' checkpoints: use evict and add");
+  const uint32_t m = walk(keys, n);
+  std::vector<int64_t> pos;
+  pos.reserve(n);
+  for (uint32_t i = 0; i < m; ++i)
+    if (!(nodes_[path_[i]].tiers & bit(tier))) pos.push_back(i);
+  for (size_t i = m; i < n; ++i) pos.push_back(static_cast<int64_t>(i));
+  const int64_t want = static_cast<int64_t>(pos.size());
+  if (want == 0) return {0, 0};
+  int64_t room = want;
+  uint32_t evicted = 0;
+  if (free < want) {
+    const double inf = std::numeric_limits<double>::infinity();
+    const size_t count = static_cast<size_t>(want - std::max<int64_t>(free, 0));
+    evicted = static_cast<uint32_t>(
+        (m > 0 ? evict_pinned(tier, count, inf, now, keys, m, true) : evict(tier, count, inf, now))
+            .size());
+    room = std::max<int64_t>(0, std::min<int64_t>(want, free + evicted));
+  }
+  if (room > 0) {
+    std::vector<uint32_t> slots(static_cast<size_t>(room), 0);
+    add(keys, static_cast<size_t>(pos[room - 1]) + 1, tier, pos.data(), slots.data(),
+        static_cast<size_t>(room), session, now);
+  }
+  return {static_cast<uint32_t>(room), evicted};
 }
 
 void RadixCore::lock(const uint8_t* keys, size_t n) {
@@ -572,7 +645,9 @@ size_t RadixCore::handles_bytes() const {
 }
 
 size_t RadixCore::memory_bytes() const {
-  return nodes_.capacity() * sizeof(Node) + free_.capacity() * sizeof(uint32_t) +
+  // Node slots ever used (live or on the free list): the reserved rest of the
+  // array is address space that no page backs.
+  return nodes_.size() * sizeof(Node) + free_.capacity() * sizeof(uint32_t) +
          table_.capacity() * sizeof(uint64_t) + handles_bytes() +
          ckpts_.size() * (sizeof(Checkpoint) + 48) +
          (ckpt_lru_[0].size() + ckpt_lru_[1].size() + ckpt_lru_[2].size()) * 48;
@@ -605,6 +680,7 @@ void RadixCore::check_invariants() const {
       }
     if (nd.tiers == 0 && nd.ckpt == 0) ghosts++;
     if ((nd.ckpt != 0) != (ckpts_.count(i) == 1)) fail("checkpoint table out of sync");
+    if (nd.seen) fail("a duplicate-check flag left set after a call");
     if (nd.filling & ~nd.tiers) fail("a filling copy in a tier the block is not resident in");
     if (nd.ckpt_filling & ~nd.ckpt) fail("a filling checkpoint in a tier it is not resident in");
     for (int t = 0; t < kNumTiers; ++t)
@@ -654,7 +730,9 @@ void RadixCore::check_invariants() const {
 
 // ---------------------------------------------------------------- helpers
 
-uint64_t RadixCore::hash_key(const Key& k) {
+uint64_t RadixCore::hash_key(const Key& k) { return key_hash(k); }
+
+uint64_t key_hash(const Key& k) {
   uint64_t h = k.w[0] * 0x9E3779B97F4A7C15ull;
   h ^= k.w[1] * 0xC2B2AE3D27D4EB4Full;
   h = (h ^ (h >> 31)) * 0x94D049BB133111EBull;
@@ -902,13 +980,14 @@ bool RadixCore::unlock_node(uint32_t idx, double now) {
 // error naming `what` and the key's position).
 std::vector<uint32_t> RadixCore::find_all(const uint8_t* keys, size_t k, const char* what) const {
   std::vector<uint32_t> idxs(k);
-  std::unordered_set<uint32_t> seen;
-  for (size_t j = 0; j < k; ++j) {
-    uint32_t idx = find_key(load_key(keys + j * kKeyBytes));
-    if (idx == kNil) bad(std::string(what) + ": key " + std::to_string(j) + " is not in the index");
-    if (!seen.insert(idx).second)
-      bad(std::string(what) + ": key " + std::to_string(j) + " is listed twice");
-    idxs[j] = idx;
+  {
+    SeenMarks<decltype(nodes_)> marks{nodes_, idxs};
+    for (size_t j = 0; j < k; ++j) {
+      uint32_t idx = find_key(load_key(keys + j * kKeyBytes));
+      if (idx == kNil) bad(std::string(what) + ": key " + std::to_string(j) + " is not in the index");
+      if (!marks.first(idx))
+        bad(std::string(what) + ": key " + std::to_string(j) + " is listed twice");
+    }
   }
   return idxs;
 }

@@ -42,7 +42,7 @@
 // "free in reverse order" rule, which the tree makes structural).
 //
 // Walks and the path handle. Every verb that takes a request's keys as a
-// path (match, history, path_slots, touch, add, lock, unlock) finds its nodes
+// path (match, history, path_slots, touch, add, place, lock, unlock) finds its nodes
 // through walk(), which keeps the last path walked: its keys and their
 // matched nodes. A walk of keys that share a prefix with that path reuses the
 // nodes of the shared prefix (the keys are compared byte for byte, and the
@@ -63,6 +63,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace saria {
@@ -74,6 +75,9 @@ constexpr uint32_t kNil = 0xFFFFFFFFu;
 constexpr uint32_t kRoot = 0;         // sentinel node: the empty prefix
 constexpr int kDram = 1;
 constexpr size_t kKeyBytes = 32;
+// The node array reserves room for the budget up to this many nodes (4 GiB
+// of address space; see the constructor).
+constexpr uint64_t kReserveNodes = uint64_t{1} << 24;
 
 struct Key {
   uint64_t w[4];
@@ -87,6 +91,9 @@ inline Key load_key(const uint8_t* p) {
   std::memcpy(k.w, p, kKeyBytes);
   return k;
 }
+
+// The key table's hash of a block key (also the replay's KeySet's).
+uint64_t key_hash(const Key& k);
 
 // One node per block, 256 B in four cache lines (192 B before the fourth
 // tier, REMOTE). The first line holds what a walk, a match and a lock read
@@ -104,6 +111,7 @@ struct alignas(64) Node {
   uint8_t linked;    // bit l: linked in list l
   uint8_t parked;    // bit l: parked out of list l
   uint8_t live;      // slot in use
+  mutable uint8_t seen;  // listed in the call running now (its duplicate check); 0 between calls
   uint32_t n_children;
   // --- second line (from n_children)
   uint32_t tier_children[kNumTiers];
@@ -272,6 +280,17 @@ class RadixCore {
   // in one (without `unpin` the caller unlocks the pin later).
   std::vector<EvictedBlock> evict_pinned(int tier, size_t count, double cutoff, double now,
                                          const uint8_t* pin, size_t n_pin, bool unpin);
+  // A slotless tier's placement in one call (the replay's GPU prefix cache;
+  // not for hybrid indexes, whose victims' checkpoints the caller frees):
+  // every block of keys[0..n) holding no slot in `tier` becomes resident
+  // there with slot 0, the shallowest first, as far as `free` units plus
+  // the victims this call evicts allow. Exactly: with `want` such blocks
+  // and free < want, evict_pinned(tier, want - free, no cutoff, now, the
+  // known prefix, unpin) (plain evict when nothing is known), then add() of
+  // the first min(want, free + victims) of those positions. Returns (blocks
+  // added, victims).
+  std::pair<uint32_t, uint32_t> place(const uint8_t* keys, size_t n, int tier, int64_t free,
+                                      uint32_t session, double now);
   // Counts eviction candidates in `tier` with tier_time <= cutoff, up to
   // `limit`, without changing anything (leaf status not checked: an upper
   // bound used to size promotion).

@@ -51,6 +51,10 @@ class Backend:
     state_units: int = 0
     #: DRAM victims that may stay readable while their SSD write is queued
     write_behind: int = 0
+    #: every slot handle is 0 and a freed unit is free again at once (only
+    #: counts): the core may evict and place a tier's blocks in one index
+    #: call and report the counts (``recount``) instead of slots
+    slotless: bool = False
 
     def bind(self, on_written: WriteDone) -> None:
         """Called once by the manager: where SSD completions go."""
@@ -67,6 +71,11 @@ class Backend:
         raise NotImplementedError
 
     def free(self, tier: Tier, slots: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def recount(self, tier: Tier, allocated: int, freed: int) -> None:
+        """A slotless backend's ``alloc(tier, allocated)`` and ``free`` of
+        `freed` slots, as counts."""
         raise NotImplementedError
 
     def alloc_state(self, tier: Tier) -> int:
@@ -140,6 +149,8 @@ class CountingBackend(Backend):
     node has a cluster tier: lookups ask it, puts land in it at once (its
     watermark eviction included), fetches hit what it holds."""
 
+    slotless = True
+
     def __init__(self, capacity: dict[Tier, int], *, state_units: int = 0,
                  write_behind: int = 0, cluster=None) -> None:
         self._capacity = {t: int(capacity.get(t, 0)) for t in Tier}
@@ -165,6 +176,9 @@ class CountingBackend(Backend):
 
     def free(self, tier: Tier, slots: np.ndarray) -> None:
         self.used[tier] -= int(len(slots))
+
+    def recount(self, tier: Tier, allocated: int, freed: int) -> None:
+        self.used[tier] += allocated - freed
 
     def alloc_state(self, tier: Tier) -> int:
         self.used[tier] += self.state_units

@@ -318,13 +318,13 @@ class CacheManager:
             if self.events is not None:
                 self.events.stored(DRAM, spec.path, spec.positions)
             if self._deferred and self.ssd_on:
-                self._admit_deferred(spec)
+                self._admit_deferred(spec, keys)
         if spec.promotion:
             self.stats.promoted_blocks += n
         else:
             self.stats.stored_blocks += n
             if self.ssd_on and n:
-                self._admit_created(spec)
+                self._admit_created(spec, keys)
             if self.remote is not None and n:  # write-through publishing (the policy's choice)
                 self.remote.publish_stored(keys, spec.slots)
             if spec.direct.size:
@@ -337,6 +337,15 @@ class CacheManager:
         """Makes every block of `keys` resident in `tier` with no admission:
         the replay's model of the GPU prefix cache (after prefill the whole
         prompt is in HBM). Returns the blocks added."""
+        if tier == GPU and self.backend.slotless and not self.hybrid:
+            # A GPU victim's release touches no index state (see _make_room):
+            # masks, pinned eviction and the add are one index call.
+            if self.backend.capacity(tier) == 0:
+                return 0
+            added, freed = self.index.place(keys, tier, free=self.backend.free_units(tier),
+                                            session=session)
+            self.backend.recount(tier, added, freed)
+            return added
         known, masks = self._masks(keys)
         pos = np.flatnonzero((masks & tier.bit) == 0)
         if pos.size == 0 or self.backend.capacity(tier) == 0:
@@ -526,14 +535,14 @@ class CacheManager:
                                         on_ssd=(masks[resident] & SSD.bit) != 0)
         self._persist_path(path, resident[want], masks, ckpt, pin=path)
 
-    def _admit_deferred(self, spec: StoreSpec) -> None:
+    def _admit_deferred(self, spec: StoreSpec, keys: np.ndarray) -> None:
         """Early persistence of blocks a request touched while they were
         filling (engine only: the replay never touches a filling block), now
         that their bytes are in place, with their history as it stands."""
-        mine = np.array([bytes(k) in self._deferred for k in spec.keys], bool)
+        mine = np.array([bytes(k) in self._deferred for k in keys], bool)
         if not mine.any():
             return
-        self._deferred.difference_update(map(bytes, spec.keys[mine]))
+        self._deferred.difference_update(map(bytes, keys[mine]))
         h = self.index.history(spec.path)
         pos = spec.positions[mine]
         masks = h["tiers"]
@@ -542,10 +551,10 @@ class CacheManager:
                                         on_ssd=(masks[pos] & SSD.bit) != 0)
         self._persist_path(spec.path, pos[want], masks, h["checkpoints"], pin=spec.path)
 
-    def _admit_created(self, spec: StoreSpec) -> None:
+    def _admit_created(self, spec: StoreSpec, keys: np.ndarray) -> None:
         """Write-through: blocks just stored in DRAM. Their residency is the
         spec's plus DRAM (the stored path is locked: nothing evicted it)."""
-        want = self.admission.on_create(spec.keys, self.now())
+        want = self.admission.on_create(keys, self.now())
         if not want.any():
             return
         masks = np.zeros(spec.path.shape[0], np.uint8)

@@ -28,8 +28,10 @@ them, with the answers of fresh walks.
 
 Memory: each tracked block costs ``node_bytes`` (256 B: four tiers, four cache
 lines) in the node array plus 16-32 B in the key table (8 B entries at load
-factor 0.25-0.5) and the vector's slack: about 332 B per block on the WEKA
-trace, measured by ``saria bench index``. A budget of 4 M blocks is ~1.3 GB.
+factor 0.25-0.5): about 277 B per block on the WEKA trace, measured by ``saria
+bench index``. The node array reserves the budget's address space up front
+(pages are backed as nodes are created), so it never grows by copying. A
+budget of 4 M blocks is ~1.2 GB.
 """
 
 from __future__ import annotations
@@ -344,6 +346,25 @@ class RadixIndex:
             lambda t, c, cut, n: self._core.evict_pinned(t, c, cut, n, arr, bool(unpin)),
             tier, count, older_than, now)
 
+    def place(self, keys: KeysLike, tier: Tier | int | str, *, free: int, session: int = 0,
+              now: float | None = None) -> tuple[int, int]:
+        """Placement in a tier whose slots carry nothing (the replay's GPU
+        prefix cache; not for hybrid indexes), in one call: every block of
+        `keys` holding no slot in `tier` becomes resident there with slot 0,
+        the shallowest first, as far as `free` units plus the victims this
+        call evicts allow. Exactly ``residency``, then -- when ``want`` such
+        blocks exceed `free` -- ``evict(tier, want - free, pin=known prefix,
+        unpin=True)`` (no pin when nothing is known), then ``add`` of the
+        first ``min(want, free + victims)`` of them with `session`. Returns
+        ``(blocks added, victims)``."""
+        arr = as_keys(keys)
+        t = Tier.parse(tier)
+        free = _count("free", free)
+        session = _u32("session", session)
+        with self._lock:
+            added, evicted = self._core.place(arr, int(t), free, session, self._now(now))
+        return int(added), int(evicted)
+
     def lock(self, keys: KeysLike) -> None:
         """Pins the leading blocks of `keys` (all must be indexed): a locked
         block is never evicted. Locks nest."""
@@ -426,6 +447,35 @@ class RadixIndex:
         return value
 
 
+class KeySet:
+    """A set of block keys filled batch by batch (the replay's record of the
+    blocks it wrote to and read from the SSD): adding a batch costs one
+    native call, and the distinct counts are there at any time, with no sort
+    of everything added. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._set = _native.KeySet()
+
+    def __len__(self) -> int:
+        return len(self._set)
+
+    def add(self, keys: KeysLike) -> int:
+        """Adds `keys` (repeats allowed); returns how many were new."""
+        return int(self._set.add(as_keys(keys)))
+
+    def contains(self, keys: KeysLike) -> np.ndarray:
+        """(n,) bool: which of `keys` are in the set."""
+        return self._set.contains(as_keys(keys)).astype(bool)
+
+    def count_absent_from(self, other: "KeySet") -> int:
+        """How many keys of this set `other` lacks."""
+        return int(self._set.count_absent_from(other._set))
+
+    def keys(self) -> np.ndarray:
+        """Every key, (n, 32) uint8, in the order first added."""
+        return self._set.keys()
+
+
 def as_keys(keys: KeysLike) -> np.ndarray:
     """Converts keys to a C-contiguous (n, 32) uint8 array, or raises a clear
     TypeError/ValueError naming the offending key."""
@@ -503,8 +553,13 @@ def _int_array(name: str, value: Any) -> np.ndarray:
 
 
 def _u32_array(name: str, value: Any) -> np.ndarray:
-    arr = _int_array(name, value)
-    if arr.size and arr.max() >= _MAX_U32:
+    arr = np.asarray(value)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"{name} must be a 1-D sequence of ints")
+    # One reduction for both bounds: a negative value is a huge one as uint64.
+    if arr.size and arr.astype(np.int64, copy=False).view(np.uint64).max() >= _MAX_U32:
+        if arr.min() < 0 or arr.dtype == np.uint64 and arr.max() >= 1 << 63:
+            raise ValueError(f"{name} must not hold negative values")
         raise ValueError(f"{name} values must be below {_MAX_U32}")
     return arr.astype(np.uint32)
 

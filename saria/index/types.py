@@ -20,11 +20,11 @@ class Tier(enum.IntEnum):
     SSD = 2
     REMOTE = 3  # the cluster's store (saria.tiers.remote): addressed by key, not slot
 
-    @property
-    def bit(self) -> int:
-        """This tier's bit in a residency mask (``ReloadPlan.masks``,
-        ``Evicted.tiers_after``, checkpoint masks): the one definition."""
-        return 1 << self.value
+    #: This tier's bit in a residency mask (``ReloadPlan.masks``,
+    #: ``Evicted.tiers_after``, checkpoint masks): the one definition, ``1 <<
+    #: value``, set on each member below (a plain attribute: the replay reads
+    #: it several times per request, and a property costs a call each time).
+    bit: int
 
     @classmethod
     def parse(cls, value: "Tier | int | str") -> "Tier":
@@ -47,6 +47,11 @@ class Tier(enum.IntEnum):
             raise TypeError(f"tier must be a Tier, int or str, not {type(value).__name__}")
         valid = ", ".join(f"{t.name} ({t.value})" for t in cls)
         raise ValueError(f"unknown tier {value!r}; valid tiers: {valid}")
+
+
+for _tier in Tier:
+    _tier.bit = 1 << _tier.value
+del _tier
 
 
 def mask_tiers(mask: int) -> tuple[Tier, ...]:

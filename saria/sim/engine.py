@@ -43,7 +43,7 @@ import numpy as np
 
 from saria.core import CacheManager, CountingBackend, LoadSpec, StateSpec, StoreSpec
 from saria.core.backend import UNLIMITED
-from saria.index import RadixIndex, Tier, VirtualClock
+from saria.index import KeySet, RadixIndex, Tier, VirtualClock
 from saria.keys.trace import trace_block_keys
 from saria.policy import AdmissionPolicy, PromotionPolicy
 from saria.policy.publish import PublishPolicy
@@ -199,10 +199,10 @@ class Replay:
         self.cluster_bytes_put = 0   # bytes its puts stored there
         self.mover = mover or NoBytes()
         self.gpu_on = cache.backend.capacity(GPU) > 0
-        # Keys of SSD-written blocks and of SSD reads, batch by batch
-        # (distinct ones counted at the end: no per-block Python work).
-        self._ssd_written_batches: list[np.ndarray] = []
-        self._ssd_read_batches: list[np.ndarray] = []
+        # Keys of SSD-written blocks and of SSD reads, a set each, added to
+        # batch by batch (one native call; no per-block Python work).
+        self._ssd_written_keys = KeySet()
+        self._ssd_read_keys = KeySet()
         self.stats = ReplayStats(ssd_bytes_written=np.zeros(self.n_drives, np.int64),
                                  ssd_bytes_read=np.zeros(self.n_drives, np.int64))
         self.reloads = ReloadQueue(self.link, setup.coordinator)
@@ -305,8 +305,9 @@ class Replay:
         st.hit_tokens["DRAM"] += n_dram * self.block_size
         st.hit_tokens["SSD"] += n_ssd * self.block_size
         if n_ssd:
-            np.add.at(st.ssd_bytes_read, self._drive(keys[ssd_pos]), self.block_bytes)
-            self._ssd_read_batches.append(keys[ssd_pos])
+            read = keys[ssd_pos]
+            self._count_drives(st.ssd_bytes_read, read, self.block_bytes)
+            self._ssd_read_keys.add(read)
         st.ttft.append(ttft)
         st.hit_blocks.append(hit)
         st.load_s += load
@@ -379,21 +380,27 @@ class Replay:
                 cache.complete_checkpoint(state, success=mover.checkpoint(state))
         for written, is_state in cache.take_ssd_writes():
             size = self.state_bytes if is_state else self.block_bytes
-            np.add.at(self.stats.ssd_bytes_written, self._drive(written), size)
+            self._count_drives(self.stats.ssd_bytes_written, written, size)
             self.stats.write_log.append((self.clock.now, size * written.shape[0]))
             if not is_state:
-                self._ssd_written_batches.append(written)
+                self._ssd_written_keys.add(written)
 
     def ssd_writes_never_read(self) -> tuple[int, int]:
         """(distinct blocks written to the SSD, of which never read back)."""
-        written = _distinct(self._ssd_written_batches)
-        unread = np.setdiff1d(written, _distinct(self._ssd_read_batches), assume_unique=True)
-        return int(written.shape[0]), int(unread.shape[0])
+        written = self._ssd_written_keys
+        return len(written), written.count_absent_from(self._ssd_read_keys)
 
     @property
     def _ssd_written(self) -> set[bytes]:
         """The distinct SSD-written keys (for tests)."""
-        return {bytes(k) for k in _distinct(self._ssd_written_batches)}
+        return {bytes(k) for k in self._ssd_written_keys.keys()}
+
+    def _count_drives(self, per_drive: np.ndarray, keys: np.ndarray, size: int) -> None:
+        """Adds `size` bytes to the drive of each of `keys`."""
+        if self.n_drives == 1:
+            per_drive[0] += size * keys.shape[0]
+        else:
+            per_drive += np.bincount(self._drive(keys), minlength=self.n_drives) * size
 
     def _drive(self, keys: np.ndarray) -> np.ndarray:
         """Drive of each block: its key folded to 64 bits, modulo the drives
@@ -404,14 +411,6 @@ class Replay:
         folded = w[:, 0] ^ w[:, 1] ^ w[:, 2] ^ w[:, 3]
         folded ^= folded >> np.uint64(29)
         return (folded % np.uint64(self.n_drives)).astype(np.int64)
-
-
-def _distinct(batches: list[np.ndarray]) -> np.ndarray:
-    """The distinct keys of (n, 32) uint8 batches, as one 32-byte void each."""
-    if not batches:
-        return np.zeros(0, np.dtype((np.void, 32)))
-    keys = np.ascontiguousarray(np.concatenate(batches))
-    return np.unique(keys.view(np.dtype((np.void, 32))).ravel())
 
 
 def _blocks(size: float, block_bytes: int) -> int:
