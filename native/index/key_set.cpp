@@ -2,6 +2,8 @@
 // table hash, entries tagged with the hash's high half as in the index.
 #include "index/key_set.h"
 
+#include <algorithm>
+
 namespace saria {
 
 namespace {
@@ -20,17 +22,34 @@ bool KeySet::has(const Key& key, uint64_t h) const {
 }
 
 size_t KeySet::add(const uint8_t* keys, size_t k) {
+  // The table is far larger than the caches (millions of keys): hash a batch
+  // first and fetch its slots ahead, then probe each slot once -- the probe
+  // that finds the key also finds the empty slot it goes to.
+  constexpr size_t kBatch = 16;
   size_t added = 0;
-  for (size_t j = 0; j < k; ++j) {
-    const Key key = load_key(keys + j * kKeyBytes);
-    const uint64_t h = key_hash(key);
-    if (has(key, h)) continue;
-    if ((keys_.size() + 1) * 2 > table_.size()) grow();
-    uint64_t pos = h & mask_;
-    while (table_[pos] != kEmpty) pos = (pos + 1) & mask_;
-    table_[pos] = (h >> 32 << 32) | keys_.size();
-    keys_.push_back(key);
-    ++added;
+  uint64_t hs[kBatch];
+  for (size_t lo = 0; lo < k; lo += kBatch) {
+    const size_t hi = std::min(k, lo + kBatch);
+    if ((keys_.size() + (hi - lo)) * 2 > table_.size()) grow();  // no growth inside a batch
+    for (size_t j = lo; j < hi; ++j) {
+      hs[j - lo] = key_hash(load_key(keys + j * kKeyBytes));
+      __builtin_prefetch(&table_[hs[j - lo] & mask_]);
+    }
+    for (size_t j = lo; j < hi; ++j) {
+      const Key key = load_key(keys + j * kKeyBytes);
+      const uint64_t h = hs[j - lo];
+      const uint32_t tag = static_cast<uint32_t>(h >> 32);
+      uint64_t pos = h & mask_;
+      for (;; pos = (pos + 1) & mask_) {
+        const uint64_t e = table_[pos];
+        if (e == kEmpty) break;
+        if (static_cast<uint32_t>(e >> 32) == tag && keys_[static_cast<uint32_t>(e)] == key) break;
+      }
+      if (table_[pos] != kEmpty) continue;  // held already
+      table_[pos] = (h >> 32 << 32) | keys_.size();
+      keys_.push_back(key);
+      ++added;
+    }
   }
   return added;
 }
