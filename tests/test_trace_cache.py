@@ -4,10 +4,14 @@ parse."""
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 
 from saria.errors import TraceFormatError
+import saria.traces.cache as tc
 from saria.traces import generate_agent_sessions, load_trace, resolve_trace
 from saria.traces.cache import _read, _write, cache_dir
 from saria.traces.model import Trace
@@ -112,3 +116,18 @@ def test_off_writes_nothing_and_a_bad_trace_is_never_cached(cache, tmp_path, mon
     assert cache_dir() is None
     load_trace(resolve_trace("azure"))
     assert not cache.exists()
+
+
+def test_the_least_recently_used_entries_beyond_the_cap_go(cache, monkeypatch):
+    monkeypatch.setattr(tc, "MAX_ENTRIES", 2)
+    p = resolve_trace("weka")
+    first = load_trace(p, limit_sessions=1)
+    load_trace(p, limit_sessions=2)
+    old = time.time() - 100
+    for e in cache.glob("*.npz"):
+        os.utime(e, (old, old))
+    assert_same_trace(load_trace(p, limit_sessions=1), first)  # read: now the most recent
+    load_trace(p, limit_sessions=3)                             # a third entry: one must go
+    assert len(list(cache.glob("*.npz"))) == 2
+    kept = {tc._key(p, "weka", n) for n in (1, 3)}
+    assert {e.stem for e in cache.glob("*.npz")} == kept

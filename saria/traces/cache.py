@@ -10,7 +10,8 @@ parse.
 
 Where: ``$SARIA_CACHE_DIR/traces`` (else ``$XDG_CACHE_HOME/saria/traces``,
 else ``~/.cache/saria/traces``); ``SARIA_CACHE_DIR=off`` turns it off. The cache
-is an optimisation only: an unreadable, corrupt or unwritable entry is ignored
+keeps the ``MAX_ENTRIES`` most recently used entries. It is an optimisation
+only: an unreadable, corrupt or unwritable entry is ignored
 (the trace is parsed as without it), and a folder of files (an unpacked WEKA
 bundle) is never cached -- only single files are.
 """
@@ -31,6 +32,7 @@ from saria.traces.model import Trace, TraceRequest, TraceSession
 
 ENV_VAR = "SARIA_CACHE_DIR"
 VERSION = 1  # bump when a loader's output for the same bytes changes
+MAX_ENTRIES = 16  # least recently used entries beyond this are removed (~20 MB each for WEKA)
 
 _NONE = -1  # integer columns: None
 
@@ -56,10 +58,29 @@ def cached(p: Path, fmt: str, limit_sessions: int | None, load: Callable[[], Tra
     entry = d / f"{_key(p, fmt, limit_sessions)}.npz"
     trace = _read(entry, p)
     if trace is not None:
+        _touch(entry)
         return trace
     trace = load()
     _write(entry, trace)
+    _trim(d)
     return trace
+
+
+def _touch(entry: Path) -> None:
+    try:
+        os.utime(entry)  # its modification time orders the entries for _trim
+    except OSError:
+        pass
+
+
+def _trim(d: Path) -> None:
+    """At most ``MAX_ENTRIES`` entries: the least recently read or written go."""
+    try:
+        entries = sorted(d.glob("*.npz"), key=lambda e: e.stat().st_mtime, reverse=True)
+        for old in entries[MAX_ENTRIES:]:
+            old.unlink()
+    except OSError:
+        pass  # another process trimming too, or a read-only folder
 
 
 def _key(p: Path, fmt: str, limit_sessions: int | None) -> str:
