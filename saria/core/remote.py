@@ -113,28 +113,27 @@ class RemoteResidency:
         n = keys.shape[0]
         mine = np.flatnonzero(plan.tiers == REMOTE)[:self.lookup_blocks]  # re-checked
         pos = plan.num_available
-        window = self.lookup_blocks
+        ahead = np.arange(pos, min(n, pos + self.lookup_blocks))
+        if mine.size + ahead.size == 0:
+            return plan
+        found = backend.remote_exists(keys[np.concatenate([mine, ahead])])
+        self.lookup_rounds = 1
+        gone = mine[~found[:mine.size]]
+        if gone.size:  # the prefix now ends at the first of them: nothing past it is reachable
+            self.drop(keys[gone])
+            return index.match(keys)
+        found = found[mine.size:]
         runs = []
         while True:
-            ahead = np.arange(pos, min(n, pos + window))
-            ask = np.concatenate([mine, ahead]) if not self.lookup_rounds else ahead
-            if ask.size == 0:
-                break
-            found = backend.remote_exists(keys[ask])
-            if not self.lookup_rounds:
-                gone = mine[~found[:mine.size]]
-                if gone.size:  # the prefix now ends at the first of them: nothing past it is reachable
-                    self.lookup_rounds = 1
-                    self.drop(keys[gone])
-                    return index.match(keys)
-                found = found[mine.size:]
-            self.lookup_rounds += 1
             run = found.size if found.all() else int(np.argmin(found))
             runs.append(ahead[:run])
             if run < ahead.size or pos + run >= n:
                 break
-            pos, window = pos + run, min(2 * window, self.max_blocks)
-        held = np.concatenate(runs) if runs else np.zeros(0, np.int64)
+            pos += run
+            ahead = np.arange(pos, min(n, pos + min(2 * ahead.size, self.max_blocks)))
+            found = backend.remote_exists(keys[ahead])
+            self.lookup_rounds += 1
+        held = np.concatenate(runs)
         if held.size and self._add(keys, held):
             return index.match(keys)
         return plan
