@@ -236,9 +236,14 @@ class SariaScheduler:
 
     def build_connector_meta(self, so) -> SariaMetadata:
         for op in self.ops.expired():
-            log.error("saria: %s op %d of request %s got no ack from every worker in %.0f s; "
-                      "failing it", op.kind, op.op_id, op.req_id, self.ops.timeout_s)
             self.counters["expired_ops"] += 1
+            if op.quarantined:  # a rank may still write into its slots: keep them
+                log.error("saria: store op %d of request %s got no report from every worker "
+                          "in %.0f s; its DRAM slots stay held until the last one reports",
+                          op.op_id, op.req_id, self.ops.timeout_s)
+                continue
+            log.error("saria: load op %d of request %s got no ack from every worker in %.0f s; "
+                      "failing it", op.op_id, op.req_id, self.ops.timeout_s)
             self._complete(op, ok=False)
         stores, self._late_stores = self._late_stores, []
         for nr in so.scheduled_new_reqs:
@@ -270,15 +275,16 @@ class SariaScheduler:
         wm = getattr(out, "kv_connector_worker_meta", None)
         if not isinstance(wm, SariaWorkerMetadata):
             return
+        # an op ends once every rank reported it, failed or not (see ``OpTracker``)
         for op_id, n in wm.failed.items():
             op = self.ops.ack(op_id, ok=False, count=n)
             if op is not None:
-                self._complete(op, ok=False)
+                self._complete(op, ok=op.ok)
         for op_id, n in wm.done.items():
             bad = wm.bad_ssd.get(op_id, ())
             op = self.ops.ack(op_id, ok=True, count=n, bad=bad)
             if op is not None:
-                self._complete(op, ok=True)
+                self._complete(op, ok=op.ok)
 
     def request_finished(self, request, block_ids) -> tuple[bool, None]:
         rid = request.request_id
