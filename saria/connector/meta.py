@@ -21,7 +21,11 @@ Invariants:
   then may admission read the slots (an SSD write);
 * an SSD block that fails its read (I/O, checksum, wrong key) is reported by
   handle: its KV block goes to vLLM as invalid (recomputed) and the scheduler
-  drops the copy from the SSD tier.
+  drops the copy from the SSD tier;
+* with a cache server, a transfer names the server boot its slots belong to
+  (``epoch``); a worker whose mapped pool is another boot's (the server
+  restarted between the prepare and the copy), or that cannot map the pool
+  at all, fails the op: loads are recomputed, stores dropped.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ class Transfer:
     src_ids: list[int]
     dst_ids: list[int]
     keys: bytes = b""
+    # the server boot whose DRAM pool the slots belong to ("" in-process): a
+    # worker runs a transfer only against that pool, never a restarted one's
+    epoch: str = ""
 
     @property
     def kind(self) -> tuple[Medium, Medium]:
@@ -74,6 +81,8 @@ class SariaMetadata(KVConnectorMetadata):
     pool_id: tuple[int, int] | None = None
     # with a cache server: the pool file and SSD store directories to map
     server_pool: tuple[str, tuple[str, ...]] | None = None
+    # with a cache server: the boot of the server that owns ``server_pool``
+    server_epoch: str = ""
 
 
 @dataclass

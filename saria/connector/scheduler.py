@@ -267,7 +267,8 @@ class SariaScheduler:
         self._drain_direct(stores)
         meta = SariaMetadata(loads=self._loads, stores=stores, delayed=self._delayed,
                              preempted=sorted(getattr(so, "preempted_req_ids", None) or ()),
-                             pool_id=self.pool_id, server_pool=self._server_pool())
+                             pool_id=self.pool_id, server_pool=self._server_pool(),
+                             server_epoch=self._epoch())
         self._loads, self._delayed = [], []
         return meta
 
@@ -322,6 +323,10 @@ class SariaScheduler:
             return None
         return self.cache.pool_path, self.cache.ssd_dirs
 
+    def _epoch(self) -> str:
+        """The boot of the cache server whose pool the workers map now ("" in-process)."""
+        return (self.cache.client.boot or "") if self.cfg.server is not None else ""
+
     def take_events(self):
         from saria.connector.events import to_vllm_events
 
@@ -372,7 +377,8 @@ class SariaScheduler:
                 continue
             keys = spec.path[p].tobytes() if medium == Medium.SSD else b""
             self._loads.append(Transfer(op_id, rid, medium, Medium.KV, spec.slots[p].tolist(),
-                                        [st.block_ids[i] for i in p], keys))
+                                        [st.block_ids[i] for i in p], keys,
+                                        epoch=_epoch_of(spec)))
         self.counters["load_ops"] += 1
 
     def _plan_store(self, st: _Req, rid: str, done_tokens: int, out: list[Transfer]) -> None:
@@ -392,7 +398,8 @@ class SariaScheduler:
                 pos = spec.positions.tolist()
                 op_id = self.ops.start("store", rid, spec)
                 out.append(Transfer(op_id, rid, Medium.KV, Medium.DRAM,
-                                    [st.block_ids[p] for p in pos], spec.slots.tolist()))
+                                    [st.block_ids[p] for p in pos], spec.slots.tolist(),
+                                    epoch=_epoch_of(spec)))
                 self.counters["store_ops"] += 1
                 if self.cfg.events:
                     self._remember_tokens(st, pos)
@@ -407,6 +414,7 @@ class SariaScheduler:
             while st.direct:
                 chain, pos = st.direct[0]
                 slots = self.cache.take_staging(pos.size)
+                epoch = self._epoch()  # the boot whose staging slots these are
                 if slots.size == 0:
                     return  # staging full: later steps go on
                 wave, rest = pos[:slots.size], pos[slots.size:]
@@ -415,7 +423,8 @@ class SariaScheduler:
                     st.direct.pop(0)
                 op_id = self.ops.start("store", rid, _Wave(chain, wave, slots))
                 out.append(Transfer(op_id, rid, Medium.KV, Medium.DRAM,
-                                    [st.block_ids[p] for p in wave.tolist()], slots.tolist()))
+                                    [st.block_ids[p] for p in wave.tolist()], slots.tolist(),
+                                    epoch=epoch))
                 self.counters["direct_ops"] += 1
             if rid in self._draining:
                 del self._draining[rid]
@@ -435,7 +444,7 @@ class SariaScheduler:
         op_id = self.ops.start("store", rid, spec)
         out.append(Transfer(op_id, rid, Medium.KV, Medium.DRAM,
                             [st.block_ids[p] for p in spec.positions.tolist()],
-                            spec.slots.tolist()))
+                            spec.slots.tolist(), epoch=_epoch_of(spec)))
         self.counters["promotion_ops"] += 1
 
     def _remember_tokens(self, st: _Req, positions: list[int]) -> None:
@@ -491,6 +500,11 @@ class SariaScheduler:
         if st.load is not None:
             self.cache.cancel_load(st.load)
             st.load = None
+
+
+def _epoch_of(spec) -> str:
+    """The server boot a spec's slots belong to ("" for the in-process cache's)."""
+    return getattr(spec, "boot", "") or ""
 
 
 def _max_blocks(cfg: ConnectorConfig, geo: Geometry) -> int:

@@ -73,6 +73,8 @@ class SariaWorker:
         self.pool = None if cfg.server else open_shared_pool(cfg, vllm_config, geo)
         self.ssd_dirs = () if cfg.server else cfg.store_dirs(geo)
         self._server_pool: tuple[str, tuple[str, ...]] | None = None
+        self._epoch = ""          # the server boot of the pool mapped now
+        self._stale: set[int] = set()  # this step's ops no copy may run for
         self._pages: KVPages | None = None
         self.copier: PageCopier | None = None
         self.coordinator: LoadCoordinator | None = None
@@ -129,20 +131,40 @@ class SariaWorker:
             return
         self._meta = meta
         if meta.server_pool is not None and meta.server_pool != self._server_pool:
-            self._map_server_pool(meta.server_pool)
+            self._map_server_pool(meta.server_pool, meta.server_epoch)
         self._check_pool(meta)
         self._saved_layers.clear()
         self._delayed.update(meta.delayed)
+        self._fail_stale(meta)
+
+    def _fail_stale(self, meta: SariaMetadata) -> None:
+        """Fails, without a copy, every transfer of the step whose slots are
+        not in the pool mapped now: another server boot's (a restart between
+        the prepare and this step: those slots now hold other blocks), or any
+        when the server's pool could not be mapped. A load's KV blocks go to
+        vLLM as load errors (recomputed); a store is reported failed."""
+        self._stale = {t.op_id for t in meta.loads + meta.stores
+                       if self.copier is None or t.epoch != self._epoch}
+        if not self._stale:
+            return
+        log.warning("saria: %d op(s) name slots of a DRAM pool this worker does not map "
+                    "(the cache server restarted or is gone): failing them", len(self._stale))
+        for t in meta.loads:
+            if t.op_id in self._stale:
+                self._load_errors.update(t.dst_ids)
+        for op_id in self._stale:
+            self._done.failed[op_id] += 1
 
     def start_load_kv(self, meta: SariaMetadata) -> None:
         self._begin(meta)
-        if not meta.loads:
+        loads = [t for t in meta.loads if t.op_id not in self._stale]
+        if not loads:
             return
-        dram = [t for t in meta.loads if t.kind == DRAM_TO_KV]
-        ssd = [t for t in meta.loads if t.kind == SSD_TO_KV]
+        dram = [t for t in loads if t.kind == DRAM_TO_KV]
+        ssd = [t for t in loads if t.kind == SSD_TO_KV]
         if ssd and self.coordinator.reader is None:
             raise RuntimeError("saria: the scheduler sent SSD reads to a worker with no SSD tier")
-        self._loads = list(meta.loads)
+        self._loads = loads
         self._step = self.coordinator.run(dram, ssd)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -203,18 +225,28 @@ class SariaWorker:
 
     # --------------------------------------------------------------- helpers
 
-    def _map_server_pool(self, server_pool: tuple[str, tuple[str, ...]]) -> None:
+    def _map_server_pool(self, server_pool: tuple[str, tuple[str, ...]], epoch: str) -> None:
         """Maps the cache server's pool (at the first step, and again after
-        the server restarted with a new one); copies of the old pool's ops
-        were voided by the server's restart."""
+        the server restarted with a new one); ops of the old pool's boot are
+        failed, never run against the new one (``_fail_stale``). A pool file
+        that is gone (the server stopped or restarted since the scheduler
+        named it) leaves nothing mapped: the step's ops fail, vLLM
+        recomputes, and the next step's metadata is tried again."""
         path, dirs = server_pool
         if self.copier is not None:
             self.shutdown_movers()
-        size = os.path.getsize(path)
-        self.pool = DramPool(size // self.geo.slot_bytes, self.geo.slot_bytes, shared=path,
-                             prefault=False)
+        self.copier, self.coordinator, self._server_pool, self._epoch = None, None, None, ""
+        try:
+            size = os.path.getsize(path)
+            self.pool = DramPool(size // self.geo.slot_bytes, self.geo.slot_bytes, shared=path,
+                                 prefault=False)
+        except (FileNotFoundError, OSError) as e:
+            log.warning("saria: cannot map the cache server's pool %s (%s); this step's "
+                        "copies fail and vLLM recomputes", path, e)
+            return
         self.ssd_dirs = tuple(dirs)
         self._server_pool = server_pool
+        self._epoch = epoch
         self._attach()
 
     def _check_pool(self, meta: SariaMetadata) -> None:
@@ -232,6 +264,8 @@ class SariaWorker:
             return
         self._saved_layers.add(layer)
         for t in self._meta.stores:
+            if t.op_id in self._stale:
+                continue  # failed at the step's start (another pool's slots)
             f = self.copier.submit(t, layer)
             self._pending.setdefault(t.op_id, (t, []))[1].append(f)
 
