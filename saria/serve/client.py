@@ -8,7 +8,12 @@ in-process ``TieredCache`` (``lookup``, ``touch``, ``prepare_load`` /
 
 Failure model: every call has a deadline (``timeout_s``). A call that misses
 it raises ``ServerUnavailable``; the engine treats it as a miss and
-recomputes. A reply with another boot token means the server restarted: the
+recomputes. That miss also opens the client's breaker (``saria.serve.breaker``):
+every later call fails at once, without a message, until a probe (from the
+heartbeat thread, backing off from 0.25 s to 2 s) gets a reply -- a server
+that is down costs an engine one deadline, not one per call. Sockets are
+``ZMQ_IMMEDIATE``: a send to a server that is not connected fails at once
+instead of queueing. A reply with another boot token means the server restarted: the
 session and every spec of the old boot are void (``complete_*`` of such a
 spec is a no-op that reports nothing served) and the client says hello again
 on its next call. A session the server ended (lease expired while the engine
@@ -31,10 +36,19 @@ import zmq
 from saria.core import LoadSpec, StoreSpec
 from saria.errors import SariaError
 from saria.serve import protocol as P
+from saria.serve.breaker import Breaker
 
 
 class ServerUnavailable(SariaError, TimeoutError):
     """No reply within the call's deadline (server down, overloaded, or restarting)."""
+
+
+class BreakerOpen(ServerUnavailable):
+    """Refused without a message: the server missed a deadline and has not
+    answered a probe since."""
+
+
+CONNECT_GRACE_S = 0.1  # how long a send waits for a connection (IMMEDIATE) before failing
 
 
 @dataclass(slots=True)
@@ -88,9 +102,11 @@ class RemoteCache:
         self.boot: str | None = None
         self.info: dict = {}
         self.reconnects = 0
+        self.breaker = Breaker(address)
         self._hello()
         self._beat: threading.Thread | None = None
         self._closing = threading.Event()
+        self._kick = threading.Event()  # wakes the heartbeat: closing, or the breaker opened
         if heartbeat:
             self._beat = threading.Thread(target=self._heartbeat, name="saria-heartbeat",
                                           daemon=True)
@@ -179,10 +195,11 @@ class RemoteCache:
 
     def close(self) -> None:
         self._closing.set()
+        self._kick.set()
         if self._beat is not None:
             self._beat.join(timeout=2)
         try:
-            if self.session is not None:
+            if self.session is not None and not self.breaker.is_open:
                 self._call("bye", {}, renew=False, timeout_s=0.5)
         except (ServerUnavailable, P.RemoteError):
             pass
@@ -198,6 +215,7 @@ class RemoteCache:
     def _connect(self) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for a peer that is not there
         sock.connect(self.address)
         return sock
 
@@ -210,22 +228,39 @@ class RemoteCache:
         ended the session, if `renew` (a call naming a spec is not retried:
         its spec died with the session)."""
         with self._lock:
-            if self.session is None:
-                self._hello()
+            if self.breaker.refuse(may_probe=self._beat is None):
+                raise BreakerOpen(f"saria server at {self.address}: not answering (breaker "
+                                  f"open); {op} skipped")
             try:
-                return self._raw(op, self.session, args, timeout_s or self.timeout_s)
-            except P.RemoteError as e:
-                if e.code != "session" or not renew:
-                    raise
-                self.reconnects += 1
-                self._hello()
-                return self._raw(op, self.session, args, timeout_s or self.timeout_s)
+                out = self._session_call(op, args, renew, timeout_s or self.timeout_s)
+            except ServerUnavailable as e:
+                self.breaker.trip(str(e))
+                self._kick.set()  # the heartbeat starts probing
+                raise
+            except P.RemoteError:
+                self.breaker.reset()  # it answered
+                raise
+            self.breaker.reset()
+            return out
+
+    def _session_call(self, op: str, args: dict, renew: bool, timeout_s: float):
+        if self.session is None:
+            self._hello()
+        try:
+            return self._raw(op, self.session, args, timeout_s)
+        except P.RemoteError as e:
+            if e.code != "session" or not renew:
+                raise
+            self.reconnects += 1
+            self._hello()
+            return self._raw(op, self.session, args, timeout_s)
 
     def _raw(self, op: str, session: str | None, args: dict, timeout_s: float):
         rid = next(self._ids)
-        self._sock.send(P.pack({"v": P.VERSION, "id": rid, "op": op, "session": session,
-                                "args": args}))
         deadline = time.monotonic() + timeout_s
+        _send(self._sock, P.pack({"v": P.VERSION, "id": rid, "op": op, "session": session,
+                                  "args": args}), min(timeout_s, CONNECT_GRACE_S),
+              f"saria server at {self.address}: not connected; {op} not sent")
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
@@ -248,22 +283,73 @@ class RemoteCache:
             return reply["result"]
 
     def _heartbeat(self) -> None:
-        """Pings on a socket of its own every third of the lease."""
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.address)
+        """Pings on a socket of its own every third of the lease; while the
+        breaker is open, probes the server instead (with its back-off)."""
+        sock = self._connect()
         period = float(self.info.get("lease_s", 10.0)) / 3
+        next_ping = time.monotonic() + period
         try:
-            while not self._closing.wait(period):
+            while True:
+                wait = max(0.0, next_ping - time.monotonic())
+                to_probe = self.breaker.seconds_to_probe()
+                self._kick.wait(wait if to_probe is None else min(wait, to_probe))
+                self._kick.clear()
+                if self._closing.is_set():
+                    return
+                if self.breaker.is_open:
+                    if self.breaker.probe_due():
+                        if self._probe(sock):
+                            self.breaker.reset()
+                        else:
+                            self.breaker.probe_failed()
+                    continue
+                if time.monotonic() < next_ping:
+                    continue
+                next_ping = time.monotonic() + period
                 sid = self.session
                 if sid is None:
                     continue
-                sock.send(P.pack({"v": P.VERSION, "id": 0, "op": "ping", "session": sid,
-                                  "args": {}}))
+                try:
+                    _send(sock, P.pack({"v": P.VERSION, "id": 0, "op": "ping", "session": sid,
+                                        "args": {}}), CONNECT_GRACE_S, "")
+                except ServerUnavailable:
+                    continue
                 if sock.poll(int(period * 1000)):
                     sock.recv()
         finally:
             sock.close(0)
+
+    def _probe(self, sock: zmq.Socket) -> bool:
+        """Whether the server answers a session-less call within the deadline."""
+        while sock.poll(0):
+            sock.recv()  # late replies of earlier pings / probes
+        try:
+            _send(sock, P.pack({"v": P.VERSION, "id": 0, "op": "stats", "session": None,
+                                "args": {}}), CONNECT_GRACE_S, "")
+        except ServerUnavailable:
+            return False
+        if not sock.poll(int(self.timeout_s * 1000)):
+            return False
+        sock.recv()
+        return True
+
+
+def _send(sock: zmq.Socket, frame: bytes, grace_s: float, what: str) -> None:
+    """Sends one frame; a socket with no connection (``IMMEDIATE``) gets
+    `grace_s` to make one (a fresh socket's connect is asynchronous), then
+    the call fails without waiting out its deadline."""
+    try:
+        sock.send(frame, zmq.NOBLOCK)
+        return
+    except zmq.Again:
+        pass
+    if sock.poll(int(grace_s * 1000), zmq.POLLOUT):
+        try:
+            sock.send(frame, zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            pass
+    raise ServerUnavailable(what)
 
 
 def _keys(keys) -> np.ndarray:
