@@ -1,0 +1,95 @@
+"""``saria serve`` holds nothing for a client that never learned of it
+(issue 31, failure 3): a prepare whose reply missed the client's deadline, a
+cancel that overtakes its prepare, a batch that fails half-way.
+
+The server is a real ``saria serve`` subprocess made slow with its test
+fault injection (``SARIA_SERVE_TEST_DELAY``: the loop stalls after handling
+an op, before the reply leaves -- a busy loop as another engine's flush or a
+cluster lookup makes it).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from test_serve import LAYOUT, Server, chain, server, store, wait_for  # noqa: F401 (fixture)
+
+from saria.serve import protocol as P
+from saria.serve.client import RemoteCache, ServerUnavailable
+
+
+@pytest.fixture
+def slow_server(tmp_path, monkeypatch):
+    """A server whose first prepare_store and first take_staging reply 1 s late."""
+    monkeypatch.setenv("SARIA_SERVE_TEST_DELAY", "prepare_store:1.0:1,take_staging:1.0:1")
+    s = Server(tmp_path, "--ssd-dir", str(tmp_path / "ssd"), "--ssd-bytes", str(256 << 14),
+               "--admission", "full-duplicate", lease=5.0).start()
+    yield s
+    if s.proc.poll() is None:
+        assert s.stop() == 0
+
+
+def test_an_idle_client_cancels_the_prepares_whose_replies_it_missed(slow_server):
+    """The server registers a store's DRAM slots and a take's staging slots,
+    then answers too late; the client, idle from then on, cancels both by
+    the ids it chose (from its heartbeat thread, once the server answers a
+    probe): the slots are free again and the blocks storable again."""
+    other = RemoteCache(slow_server.address, LAYOUT, name="other")
+    late = RemoteCache(slow_server.address, LAYOUT, name="late", timeout_s=0.3)
+    base = other.gauges()["dram_used_slots"]  # (the staging slots, set aside)
+    keys = chain(5, 6)
+    with pytest.raises(ServerUnavailable):
+        late.prepare_store(keys, 0)
+    # no further call from `late`: only its heartbeat may settle the debt
+    wait_for(lambda: other.gauges()["dram_used_slots"] == base, limit_s=15)
+    wait_for(lambda: not late.breaker.is_open and late.debts == 0)
+    with pytest.raises(ServerUnavailable):
+        late.take_staging(3)
+    wait_for(lambda: late.debts == 0 and not late.breaker.is_open, limit_s=15)
+    every = other.take_staging(10**6)
+    assert every.size == other.info["staging_slots"]  # the late take's 3 came back
+    other.release_staging(every)
+    assert store(other, keys) == 6                      # nothing of it stayed filling
+    late.close()
+    other.close()
+
+
+def test_a_cancel_that_overtakes_its_prepare_refuses_it(server):
+    c = RemoteCache(server.address, LAYOUT)
+    keys = chain(6, 5)
+    out = c.batch([("cancel", {"spec": 4242}),
+                   ("prepare_store", {"keys": keys, "start": 0, "rid": 4242})])
+    assert out[0] == {"ok": True, "result": "tombstone"}
+    assert not out[1]["ok"] and out[1]["code"] == "cancelled"
+    assert c.gauges()["dram_used_slots"] == 0
+    assert store(c, keys) == 5
+    assert c.cancel(4242) == "tombstone"  # idempotent: nothing held under it
+    c.close()
+
+
+def test_a_batch_that_fails_half_way_undoes_what_it_prepared(server):
+    """An error escapes the batch after its first call prepared a store: the
+    client gets one error for the batch and the store is undone."""
+    c = RemoteCache(server.address, LAYOUT)
+    keys = chain(7, 5)
+    with pytest.raises(P.RemoteError):
+        c.batch([("prepare_store", {"keys": keys, "start": 0}), ("batch", {})])
+    assert c.gauges()["dram_used_slots"] == 0
+    assert store(c, keys) == 5
+    c.close()
+
+
+def test_tombstones_are_bounded_oldest_first():
+    from saria.serve.specids import SpecIds
+
+    ids = SpecIds(limit=3)
+    for rid in range(1, 6):
+        ids.bury(rid)
+    assert len(ids) == 3
+    assert ids.claim({"rid": 1}, set(), lambda: 0) == 1   # forgotten: the prepare goes on
+    with pytest.raises(P.RemoteError, match="cancelled"):
+        ids.claim({"rid": 5}, set(), lambda: 0)
+    assert ids.claim({"rid": 5}, set(), lambda: 0) == 5   # a tombstone refuses once
+    with pytest.raises(P.ProtocolError, match="in use"):
+        ids.claim({"rid": 7}, {7}, lambda: 0)
+    assert ids.claim({}, set(), lambda: 99) == 99
