@@ -93,6 +93,14 @@ def matched_load(s: SariaScheduler, address: str, rid: str = "a"):
     return req, matched
 
 
+def loading_step(s: SariaScheduler, address: str):
+    """The metadata of a step that loads the prompt's 5 blocks (see ``matched_load``)."""
+    req, matched = matched_load(s, address)
+    ids = list(range(1, 7))
+    s.update_state_after_alloc(req, blocks(ids), matched)
+    return s.build_connector_meta(new_step(req, ids, matched, req.num_tokens - matched))
+
+
 def run_step(w: SariaWorker, meta) -> None:
     w.start_load_kv(meta)
     w.wait_for_save(meta)
@@ -120,7 +128,7 @@ def test_a_load_prepared_before_a_server_restart_never_reads_the_new_pool(tmp_pa
         run_step(w, meta)
         loaded = sorted(i for t in meta.loads for i in t.dst_ids)
         assert all(not kv[n][loaded].any() for n in kv)   # no byte of boot B's blocks
-        assert meta.server_epoch == s.cache.client.boot
+        assert meta.server_epoch == f"{s.cache.client.boot}/{s.cache.client.session}"
         assert w.get_block_ids_with_load_errors() == set(loaded)  # recomputed instead
         other.close()
     finally:
@@ -137,10 +145,7 @@ def test_a_pool_file_gone_fails_the_load_instead_of_the_engine(tmp_path):
     s = scheduler(srv.address)
     w, kv = worker(srv.address)
     try:
-        req, matched = matched_load(s, srv.address)
-        ids = list(range(1, 7))
-        s.update_state_after_alloc(req, blocks(ids), matched)
-        meta = s.build_connector_meta(new_step(req, ids, matched, req.num_tokens - matched))
+        meta = loading_step(s, srv.address)
         assert srv.stop() == 0                             # removes the pool file
         run_step(w, meta)                                  # raised FileNotFoundError before
         loaded = {i for t in meta.loads for i in t.dst_ids}
@@ -211,3 +216,26 @@ def test_a_server_that_misses_a_deadline_costs_the_engine_no_further_call(tmp_pa
         cache.close()
         if srv.proc.poll() is None:
             srv.stop()
+
+
+def test_a_worker_fails_the_copies_of_a_session_the_server_fenced(tmp_path):
+    """The server ended the engine's session (its lease ran out) and fenced
+    it between the step's metadata and the worker's copies: the worker runs
+    none of them (the slots may hold other blocks by now); vLLM recomputes."""
+    from saria.serve.fence import fence
+
+    srv = Server(tmp_path).start()
+    s = scheduler(srv.address)
+    w, kv = worker(srv.address)
+    try:
+        meta = loading_step(s, srv.address)
+        assert fence(meta.server_fence)                   # what the server does at the end
+        run_step(w, meta)
+        loaded = sorted(i for t in meta.loads for i in t.dst_ids)
+        assert all(not kv[n][loaded].any() for n in kv)
+        assert w.get_block_ids_with_load_errors() == set(loaded)
+        assert set(w.build_worker_meta().failed) == {t.op_id for t in meta.loads + meta.stores}
+    finally:
+        w.shutdown()
+        s.shutdown()
+        srv.stop()

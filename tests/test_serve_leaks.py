@@ -93,3 +93,31 @@ def test_tombstones_are_bounded_oldest_first():
     with pytest.raises(P.ProtocolError, match="in use"):
         ids.claim({"rid": 7}, {7}, lambda: 0)
     assert ids.claim({}, set(), lambda: 99) == 99
+
+
+def test_an_ended_session_keeps_its_slots_until_its_workers_are_fenced(tmp_path):
+    """A session's lease runs out while one of its workers is mid-copy (it
+    holds the session's fence): the server ends the session but keeps its
+    store's DRAM slots -- not reused, not readable -- until the copy is over;
+    then frees them, and a copy of that session that comes later fails."""
+    from saria.serve.fence import WorkerFence
+
+    srv = Server(tmp_path, lease=1.0).start()
+    other = RemoteCache(srv.address, LAYOUT, name="other")
+    base = other.gauges()["dram_used_slots"]
+    gone = RemoteCache(srv.address, LAYOUT, name="gone", heartbeat=False)
+    keys = chain(8, 6)
+    assert gone.prepare_store(keys, 0).num_blocks == 6
+    worker = WorkerFence()
+    assert worker.hold(gone.info["fence"])                 # a copy into its slots runs
+    wait_for(lambda: other.stats()["leases_expired"] == 1)
+    assert other.stats()["sessions_fencing"] == 1
+    assert other.gauges()["dram_used_slots"] == base + 6   # quarantined, not reused
+    assert other.lookup(keys).num_blocks == 0              # nor readable
+    worker.release()                                       # the copy is over
+    wait_for(lambda: other.gauges()["dram_used_slots"] == base)
+    assert other.stats()["sessions_fencing"] == 0
+    assert not WorkerFence().hold(gone.info["fence"])      # a later copy of it fails
+    assert store(other, keys) == 6
+    other.close()
+    assert srv.stop() == 0

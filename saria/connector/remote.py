@@ -62,6 +62,11 @@ class ServerCache:
         return self.client.info.get("pool")
 
     @property
+    def fence_path(self) -> str:
+        """The session's fence file its workers hold while copying (saria.serve.fence)."""
+        return self.client.info.get("fence", "")
+
+    @property
     def ssd_dirs(self) -> tuple[str, ...]:
         return tuple(self.client.info.get("ssd_dirs", ()))
 

@@ -268,7 +268,7 @@ class SariaScheduler:
         meta = SariaMetadata(loads=self._loads, stores=stores, delayed=self._delayed,
                              preempted=sorted(getattr(so, "preempted_req_ids", None) or ()),
                              pool_id=self.pool_id, server_pool=self._server_pool(),
-                             server_epoch=self._epoch())
+                             server_epoch=self._epoch(), server_fence=self._fence())
         self._loads, self._delayed = [], []
         return meta
 
@@ -324,8 +324,15 @@ class SariaScheduler:
         return self.cache.pool_path, self.cache.ssd_dirs
 
     def _epoch(self) -> str:
-        """The boot of the cache server whose pool the workers map now ("" in-process)."""
-        return (self.cache.client.boot or "") if self.cfg.server is not None else ""
+        """The cache server's boot and this engine's session there, whose pool
+        and slots the workers may use now ("" in-process)."""
+        if self.cfg.server is None:
+            return ""
+        c = self.cache.client
+        return f"{c.boot}/{c.session}" if c.boot and c.session else ""
+
+    def _fence(self) -> str:
+        return self.cache.fence_path if self.cfg.server is not None else ""
 
     def take_events(self):
         from saria.connector.events import to_vllm_events
@@ -503,8 +510,10 @@ class SariaScheduler:
 
 
 def _epoch_of(spec) -> str:
-    """The server boot a spec's slots belong to ("" for the in-process cache's)."""
-    return getattr(spec, "boot", "") or ""
+    """The server boot and session a spec's slots belong to ("" for the
+    in-process cache's): the session's end frees them."""
+    boot, session = getattr(spec, "boot", ""), getattr(spec, "session", "")
+    return f"{boot}/{session}" if boot else ""
 
 
 def _max_blocks(cfg: ConnectorConfig, geo: Geometry) -> int:

@@ -35,6 +35,7 @@ from saria.connector.meta import SariaMetadata, SariaWorkerMetadata, Transfer
 from saria.connector.movers import DRAM_TO_KV, SSD_TO_KV, PageCopier, SsdPageReader
 from saria.connector.pages import KVPages
 from saria.connector.stats import Deltas
+from saria.serve.fence import WorkerFence
 from saria.tiers.dram import DramPool
 
 log = logging.getLogger("saria.connector")
@@ -73,8 +74,8 @@ class SariaWorker:
         self.pool = None if cfg.server else open_shared_pool(cfg, vllm_config, geo)
         self.ssd_dirs = () if cfg.server else cfg.store_dirs(geo)
         self._server_pool: tuple[str, tuple[str, ...]] | None = None
-        self._epoch = ""          # the server boot of the pool mapped now
         self._stale: set[int] = set()  # this step's ops no copy may run for
+        self._fence = WorkerFence()    # held while copies of a server session are in flight
         self._pages: KVPages | None = None
         self.copier: PageCopier | None = None
         self.coordinator: LoadCoordinator | None = None
@@ -131,24 +132,31 @@ class SariaWorker:
             return
         self._meta = meta
         if meta.server_pool is not None and meta.server_pool != self._server_pool:
-            self._map_server_pool(meta.server_pool, meta.server_epoch)
+            self._map_server_pool(meta.server_pool)
         self._check_pool(meta)
         self._saved_layers.clear()
         self._delayed.update(meta.delayed)
         self._fail_stale(meta)
 
     def _fail_stale(self, meta: SariaMetadata) -> None:
-        """Fails, without a copy, every transfer of the step whose slots are
-        not in the pool mapped now: another server boot's (a restart between
-        the prepare and this step: those slots now hold other blocks), or any
-        when the server's pool could not be mapped. A load's KV blocks go to
-        vLLM as load errors (recomputed); a store is reported failed."""
-        self._stale = {t.op_id for t in meta.loads + meta.stores
-                       if self.copier is None or t.epoch != self._epoch}
+        """Fails, without a copy, every transfer of the step whose slots the
+        worker may not use: another server boot's or session's (a restart or
+        a lease that ran out between the prepare and this step: those slots
+        now hold other blocks), any when the server's pool could not be
+        mapped, and any when the session's fence is gone (the server ended
+        it). The rest run under the fence, held until no copy is in flight.
+        A load's KV blocks go to vLLM as load errors (recomputed); a store
+        is reported failed."""
+        ops = meta.loads + meta.stores
+        self._stale = {t.op_id for t in ops
+                       if self.copier is None or t.epoch != meta.server_epoch}
+        if len(self._stale) < len(ops) and not self._fence.hold(meta.server_fence):
+            self._stale = {t.op_id for t in ops}
         if not self._stale:
             return
-        log.warning("saria: %d op(s) name slots of a DRAM pool this worker does not map "
-                    "(the cache server restarted or is gone): failing them", len(self._stale))
+        log.warning("saria: %d op(s) name slots this worker may no longer use (the cache "
+                    "server restarted, is gone, or ended the session): failing them",
+                    len(self._stale))
         for t in meta.loads:
             if t.op_id in self._stale:
                 self._load_errors.update(t.dst_ids)
@@ -225,7 +233,7 @@ class SariaWorker:
 
     # --------------------------------------------------------------- helpers
 
-    def _map_server_pool(self, server_pool: tuple[str, tuple[str, ...]], epoch: str) -> None:
+    def _map_server_pool(self, server_pool: tuple[str, tuple[str, ...]]) -> None:
         """Maps the cache server's pool (at the first step, and again after
         the server restarted with a new one); ops of the old pool's boot are
         failed, never run against the new one (``_fail_stale``). A pool file
@@ -235,7 +243,7 @@ class SariaWorker:
         path, dirs = server_pool
         if self.copier is not None:
             self.shutdown_movers()
-        self.copier, self.coordinator, self._server_pool, self._epoch = None, None, None, ""
+        self.copier, self.coordinator, self._server_pool = None, None, None
         try:
             size = os.path.getsize(path)
             self.pool = DramPool(size // self.geo.slot_bytes, self.geo.slot_bytes, shared=path,
@@ -246,7 +254,6 @@ class SariaWorker:
             return
         self.ssd_dirs = tuple(dirs)
         self._server_pool = server_pool
-        self._epoch = epoch
         self._attach()
 
     def _check_pool(self, meta: SariaMetadata) -> None:
@@ -276,6 +283,12 @@ class SariaWorker:
             del self._pending[op_id]
             if self._report(t.op_id, futs, "storing"):
                 self.bytes_stored += len(t) * self.geo.rank_bytes
+        self._release_fence()
+
+    def _release_fence(self) -> None:
+        """Drops the session's fence once no copy is in flight."""
+        if self._fence.holding and not self._pending and self._step is None:
+            self._fence.release()
 
     def _finish_loads(self) -> None:
         """Ends the step's loads: every layer in place, then each op reported
@@ -301,6 +314,7 @@ class SariaWorker:
             self._done.done[op_id] += 1
             if bad.get(op_id):
                 self._done.bad_ssd[op_id] = sorted(bad[op_id])
+        self._release_fence()
 
     def _report(self, op_id: int, futs: list[Future], what: str) -> bool:
         """Waits for an op's copies and records it done or failed for the

@@ -72,10 +72,11 @@ class RemotePlan:
 @dataclass(slots=True)
 class RemoteLoadSpec(LoadSpec):
     """A ``LoadSpec`` as the server sent it: ``spec`` is its id there, valid
-    for the server's boot ``boot`` only."""
+    for the server's boot ``boot`` and the session ``session`` only."""
 
     spec: int = -1
     boot: str = ""
+    session: str = ""
 
 
 @dataclass(slots=True)
@@ -85,12 +86,14 @@ class RemoteStoreSpec(StoreSpec):
 
     spec: int = -1
     boot: str = ""
+    session: str = ""
 
     @classmethod
     def of(cls, keys: np.ndarray, positions, slots, spec: int, boot: str, *,
-           promotion: bool = False, direct=None) -> RemoteStoreSpec:
+           promotion: bool = False, direct=None, session: str = "") -> RemoteStoreSpec:
         return cls(keys, positions, slots, _NO_MASKS, promotion=promotion,
-                   direct=_EMPTY if direct is None else direct, chain=keys, spec=spec, boot=boot)
+                   direct=_EMPTY if direct is None else direct, chain=keys, spec=spec, boot=boot,
+                   session=session)
 
 
 _EMPTY = np.zeros(0, np.int64)
@@ -140,7 +143,7 @@ class RemoteCache:
         r = self._prepare("prepare_load", {"keys": keys, "blocks": int(blocks),
                                            "start": int(start)})
         return RemoteLoadSpec(keys[:r["num_blocks"]], r["start"], r["tiers"], r["slots"],
-                              spec=r["spec"], boot=self.boot)
+                              spec=r["spec"], boot=self.boot, session=self.session)
 
     def complete_load(self, spec: RemoteLoadSpec, failed: np.ndarray | None = None) -> int:
         if spec.boot != self.boot:
@@ -278,7 +281,8 @@ class RemoteCache:
 
     def _store_spec(self, keys: np.ndarray, r: dict) -> RemoteStoreSpec:
         return RemoteStoreSpec.of(keys, r["positions"], r["slots"], r["spec"], self.boot,
-                                  promotion=r["promotion"], direct=r["direct"])
+                                  promotion=r["promotion"], direct=r["direct"],
+                                  session=self.session)
 
     def _connect(self) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)

@@ -69,6 +69,7 @@ from saria.runtime.cache import CacheConfig, TieredCache
 from saria.serve import protocol as P
 from saria.serve.metrics import ServerMetrics
 from saria.serve.publisher import EventPublisher, to_wire
+from saria.serve import fence as F
 from saria.serve.specids import SpecIds
 from saria.serve.paths import default_listen, default_runtime_dir  # noqa: F401
 
@@ -132,6 +133,7 @@ class Session:
     staging: set[int] = field(default_factory=set)
     takes: dict[int, set[int]] = field(default_factory=dict)  # take_staging id -> slots
     ids: SpecIds = field(default_factory=SpecIds)
+    fence: str = ""  # its workers' fence file (saria.serve.fence)
 
 
 class CacheServer:
@@ -151,6 +153,7 @@ class CacheServer:
         self.layouts: dict[str, dict] = {}
         self.pools: dict[str, str] = {}
         self.sessions: dict[str, Session] = {}
+        self.fencing: dict[str, Session] = {}  # ended, a worker still mid-copy: slots kept
         self._next_spec = 1
         self._stop = threading.Event()
         self.metrics = ServerMetrics(self)
@@ -210,6 +213,7 @@ class CacheServer:
                             break
                         self._handle(frames)
                 self._expire(time.monotonic())
+                self._retry_fences()
                 self._publish()
         finally:
             self.close()
@@ -226,7 +230,8 @@ class CacheServer:
         for tier in self.remotes.values():
             tier.close()
         self.remotes.clear()
-        for path in self.pools.values():
+        fences = [s.fence for s in [*self.sessions.values(), *self.fencing.values()]]
+        for path in [*self.pools.values(), *fences]:
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -338,6 +343,7 @@ class CacheServer:
         engine = str(P.arg(args, "name", str, "engine"))
         s = Session(sid, ns, engine, int(P.arg(args, "pid", int, 0)),
                     time.monotonic() + self.cfg.lease_s)
+        s.fence = F.create(f"{self.pools[ns]}-fence-{sid}")
         self.sessions[sid] = s
         log.info("saria serve: session %s for %s (pid %d, DP %s, TP %s) in namespace %s",
                  sid[:8], engine, s.pid, args.get("dp_rank"), args.get("tp_rank"), ns)
@@ -345,6 +351,7 @@ class CacheServer:
         return {"session": sid, "boot": self.boot, "namespace": ns, "lease_s": self.cfg.lease_s,
                 "pool": self.pools[ns], "pool_slots": pool.num_slots,
                 "slot_bytes": pool.slot_bytes, "staging_slots": cache.backend.staging_slots,
+                "fence": s.fence,
                 "ssd_dirs": list(self._store_dirs(ns))}
 
     def _store_dirs(self, ns: str) -> tuple[str, ...]:
@@ -432,6 +439,25 @@ class CacheServer:
             self._end(s)
 
     def _end(self, s: Session) -> None:
+        """Ends a session: nothing of it is reused before its workers are
+        fenced (``saria.serve.fence``); until then its slots stay held."""
+        self.sessions.pop(s.sid, None)
+        if not F.fence(s.fence):
+            log.warning("saria serve: session %s (%s, pid %d) ended while a worker of it is "
+                        "copying: its %d stores, %d loads and %d staging slots stay held until "
+                        "the copy is over", s.sid[:8], s.engine, s.pid, len(s.stores),
+                        len(s.loads), len(s.staging))
+            self.fencing[s.sid] = s
+            return
+        self._release(s)
+
+    def _retry_fences(self) -> None:
+        for s in [s for s in self.fencing.values() if F.fence(s.fence)]:
+            del self.fencing[s.sid]
+            log.info("saria serve: session %s fenced: its slots are free", s.sid[:8])
+            self._release(s)
+
+    def _release(self, s: Session) -> None:
         cache = self.caches[s.namespace]
         for spec in s.loads.values():
             cache.cancel_load(spec)
@@ -439,7 +465,6 @@ class CacheServer:
             cache.complete_store(spec, success=False)
         if s.staging:
             cache.release_staging(np.fromiter(s.staging, np.int64))
-        self.sessions.pop(s.sid, None)
 
     def _stats(self, args: dict):
         return self.metrics.snapshot()
