@@ -121,3 +121,23 @@ def test_an_ended_session_keeps_its_slots_until_its_workers_are_fenced(tmp_path)
     assert store(other, keys) == 6
     other.close()
     assert srv.stop() == 0
+
+
+def test_the_breaker_refuses_while_open_and_backs_off_its_probes():
+    from saria.serve.breaker import Breaker
+
+    now = [0.0]
+    b = Breaker("ipc://x", min_s=0.25, max_s=2.0, clock=lambda: now[0])
+    assert not b.refuse(may_probe=False)
+    b.trip("no reply")
+    assert b.is_open and b.refuse(may_probe=False) and b.refuse(may_probe=True)
+    gaps = []
+    for _ in range(6):                      # each failed probe doubles the wait, up to max_s
+        gaps.append(b.seconds_to_probe())
+        now[0] += gaps[-1]
+        assert b.probe_due() and not b.refuse(may_probe=True)
+        b.probe_failed()
+    assert gaps == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+    b.reset()
+    assert not b.is_open and b.seconds_to_probe() is None and b.opened == 1
+    assert b.skipped == 2

@@ -313,8 +313,11 @@ class RemoteCache:
                 out = self._session_call(op, args, renew, timeout_s or self.timeout_s)
             except ServerUnavailable as e:
                 self._owe(list(undo) + list(settle))
-                self.breaker.trip(str(e))
-                self._kick.set()  # the heartbeat starts probing
+                if self.breaker.is_open:
+                    self.breaker.probe_failed()  # this call was the probe (no heartbeat)
+                else:
+                    self.breaker.trip(str(e))
+                    self._kick.set()  # the heartbeat starts probing
                 raise
             except P.RemoteError:
                 self.breaker.reset()  # it answered
