@@ -11,6 +11,8 @@ cluster lookup makes it).
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from test_serve import LAYOUT, Server, chain, server, store, wait_for  # noqa: F401 (fixture)
 
@@ -141,3 +143,29 @@ def test_the_breaker_refuses_while_open_and_backs_off_its_probes():
     b.reset()
     assert not b.is_open and b.seconds_to_probe() is None and b.opened == 1
     assert b.skipped == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 12)), max_size=60),
+       st.integers(1, 5))
+def test_tombstones_match_a_reference_model(events, limit):
+    """Cancels (bury) and prepares (claim) in any order: a prepare is refused
+    exactly when one of the last `limit` cancels named it and no prepare has
+    consumed that cancel since."""
+    from saria.serve.specids import SpecIds
+
+    ids, model = SpecIds(limit=limit), []  # model: buried ids, oldest first, no repeats
+    for is_cancel, rid in events:
+        if is_cancel:
+            ids.bury(rid)
+            model = [r for r in model if r != rid] + [rid]
+            model = model[-limit:]
+            continue
+        refused = rid in model
+        try:
+            ids.claim({"rid": rid}, set(), lambda: 0)
+            assert not refused
+        except P.RemoteError:
+            assert refused
+            model.remove(rid)
+        assert len(ids) == len(model)
