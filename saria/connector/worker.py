@@ -208,6 +208,9 @@ class SariaWorker:
         the server restarted with a new one); copies of the old pool's ops
         were voided by the server's restart."""
         path, dirs = server_pool
+        # the scheduler checked them at hello; check again where the mapping happens
+        sec = self.cfg.client_security()
+        sec.check_hello({"pool": path, "ssd_dirs": dirs})
         if self.copier is not None:
             self.shutdown_movers()
         size = os.path.getsize(path)

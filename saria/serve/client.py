@@ -31,6 +31,7 @@ import zmq
 from saria.core import LoadSpec, StoreSpec
 from saria.errors import SariaError
 from saria.serve import protocol as P
+from saria.serve.auth import ClientSecurity
 
 
 class ServerUnavailable(SariaError, TimeoutError):
@@ -75,8 +76,9 @@ class RemoteCache:
 
     def __init__(self, address: str, layout: dict, *, name: str = "engine",
                  dp_rank: int = 0, tp_rank: int = 0, timeout_s: float = 2.0,
-                 heartbeat: bool = True) -> None:
+                 heartbeat: bool = True, security: ClientSecurity | None = None) -> None:
         self.address = address
+        self.security = security or ClientSecurity()
         self.layout = dict(layout)
         self.identity = {"name": name, "dp_rank": dp_rank, "tp_rank": tp_rank, "pid": os.getpid()}
         self.timeout_s = float(timeout_s)
@@ -196,13 +198,11 @@ class RemoteCache:
                                   promotion=r["promotion"], direct=r["direct"])
 
     def _connect(self) -> zmq.Socket:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.address)
-        return sock
+        return self.security.socket(self._ctx, self.address)
 
     def _hello(self) -> None:
         info = self._raw("hello", None, {**self.identity, "layout": self.layout}, self.timeout_s)
+        self.security.check_hello(info)  # the pool and drives it names are the server's own
         self.session, self.boot, self.info = info["session"], info["boot"], info
 
     def _call(self, op: str, args: dict, *, renew: bool = True, timeout_s: float | None = None):
@@ -249,9 +249,7 @@ class RemoteCache:
 
     def _heartbeat(self) -> None:
         """Pings on a socket of its own every third of the lease."""
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.address)
+        sock = self._connect()
         period = float(self.info.get("lease_s", 10.0)) / 3
         try:
             while not self._closing.wait(period):
@@ -273,13 +271,17 @@ def _keys(keys) -> np.ndarray:
     return arr
 
 
-def server_stats(address: str, timeout_s: float = 2.0) -> dict:
-    """The server's figures without a session (``saria status``)."""
+def server_stats(address: str, timeout_s: float = 2.0,
+                 security: ClientSecurity | None = None) -> dict:
+    """The server's figures without a session (``saria status``; the
+    server's own tenant only)."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
     try:
-        sock.connect(address)
+        sock = (security or ClientSecurity()).socket(ctx, address)
+    except BaseException:
+        ctx.term()
+        raise
+    try:
         sock.send(P.pack({"v": P.VERSION, "id": 1, "op": "stats", "session": None, "args": {}}))
         if not sock.poll(int(timeout_s * 1000)):
             raise ServerUnavailable(f"saria server at {address}: no reply within {timeout_s:g} s")
