@@ -483,3 +483,26 @@ def test_layouts_out_of_bounds_open_no_namespace(quota_server):
             RemoteCache(quota_server.address, bad, heartbeat=False)
     c = RemoteCache(quota_server.address, LAYOUT, heartbeat=False)  # the namespace is still free
     c.close()
+
+
+def test_an_idle_namespace_closes_and_frees_its_place(tmp_path):
+    """84f5613: a junk layout took the only namespace of --max-models 1 and
+    namespaces never closed. Now one that no session uses closes after
+    --namespace-idle (flushed, its pool removed) and another layout opens."""
+    s = Server(tmp_path, "--namespace-idle", "1").start()
+    try:
+        junk = RemoteCache(s.address, dict(LAYOUT, model="junk"), heartbeat=False)
+        pool = junk.info["pool"]
+        with pytest.raises(P.RemoteError, match="max-models"):
+            RemoteCache(s.address, LAYOUT, heartbeat=False)
+        junk.close()
+        deadline = time.monotonic() + 30
+        while os.path.exists(pool):
+            assert time.monotonic() < deadline, "the idle namespace did not close"
+            time.sleep(0.1)
+        c = RemoteCache(s.address, LAYOUT, heartbeat=False)
+        assert store(c, chain(60, 3)) == 3
+        assert c.stats()["namespaces_closed"] == 1
+        c.close()
+    finally:
+        assert s.stop() == 0

@@ -99,7 +99,9 @@ def _security_flags(p) -> None:
             ("--max-hello-rate", "hellos_per_s", "hellos per second from one peer"),
             ("--min-slot", "min_slot_bytes", "a layout's smallest block, bytes"),
             ("--max-slot", "max_slot_bytes", "a layout's largest block, bytes"),
-            ("--max-slots", "max_slots", "DRAM slots one namespace may have")):
+            ("--max-slots", "max_slots", "DRAM slots one namespace may have"),
+            ("--namespace-idle", "namespace_idle_s", "seconds a namespace no session uses "
+             "stays open")):
         kind = float if isinstance(getattr(d, key), float) else int
         p.add_argument(flag, type=kind, default=getattr(d, key), dest=f"limit_{key}",
                        help=f"{what} (default {getattr(d, key)}; 0: no limit)")

@@ -10,7 +10,8 @@ names the limit and the flag that sets it.
   fails registers nothing (all or nothing).
 * ``Limits``: sessions in all and per peer, specs (locks) per session and
   their maximum age (a heartbeat does not extend it), staging slots per
-  session, hellos per second.
+  session, hellos per second; a namespace closes when no session has used it
+  for a while.
 
 Invariant: a check either passes and changes nothing, or raises a
 ``QuotaError`` / ``ProtocolError``; no check has a side effect on refusal.
@@ -52,6 +53,7 @@ class Limits:
     min_slot_bytes: int = 4096         # --min-slot: a layout's smallest block
     max_slot_bytes: int = 256 << 20    # --max-slot: a layout's largest block
     max_slots: int = 4 << 20           # --max-slots: slots one namespace's pool may have
+    namespace_idle_s: float = 600.0    # --namespace-idle: a namespace no session used closes
 
     def __post_init__(self) -> None:
         for name in ("max_frame", "sessions", "sessions_per_peer", "specs_per_session",
@@ -64,8 +66,9 @@ class Limits:
         if not 0 <= self.staging_per_session <= 1:
             raise ConfigError("max_staging_share", f"must lie in [0, 1], got "
                               f"{self.staging_per_session}")
-        if self.spec_age_s < 0 or self.hellos_per_s < 0:
-            raise ConfigError("max_lock_age", "limits must not be negative")
+        for name in ("spec_age_s", "hellos_per_s", "namespace_idle_s"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(name, f"must not be negative, got {getattr(self, name)}")
 
 
 def check_layout(layout: dict, limits: Limits, dram_share: int) -> None:

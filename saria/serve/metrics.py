@@ -27,6 +27,7 @@ class ServerMetrics:
         self.rpc_sum: dict[str, float] = defaultdict(float)
         self.errors = 0
         self.specs_aged = 0  # specs ended by --max-lock-age
+        self.namespaces_closed = 0  # by --namespace-idle
         self._http = None
 
     # ------------------------------------------------------------ counting
@@ -79,6 +80,7 @@ class ServerMetrics:
                     for op, b in self.rpcs.items()},
             "rpc_buckets_s": list(BUCKETS),
             "loop_errors": getattr(srv, "loop_errors", 0), "specs_aged": self.specs_aged,
+            "namespaces_closed": self.namespaces_closed,
             "peers_refused": srv.gate.refused if getattr(srv, "gate", None) else 0,
         }
 

@@ -160,6 +160,7 @@ class CacheServer:
         self.tenants = Tenants.from_file(cfg.tenants)
         self.hellos = HelloRate(cfg.limits.hellos_per_s)
         self.loop_errors = 0
+        self._ns_since: dict[str, float] = {}  # namespace -> since when no session uses it
         self.caches: dict[str, TieredCache] = {}
         self.remotes: dict[str, object] = {}  # namespace -> its RemoteTier (--remote)
         self.layouts: dict[str, dict] = {}
@@ -477,6 +478,36 @@ class CacheServer:
                         len(s.loads), len(s.stores), len(s.staging))
             self.metrics.expired += 1
             self._end(s)
+        self._close_idle(now)
+
+    def _close_idle(self, now: float) -> None:
+        """Closes a namespace no session has used for --namespace-idle
+        seconds (flushed; its SSD blocks are recovered if it opens again), so
+        a layout nobody serves does not keep a --max-models place forever."""
+        idle = self.cfg.limits.namespace_idle_s
+        if not idle:
+            return
+        used = {s.namespace for s in self.sessions.values()}
+        for ns in list(self.caches):
+            if ns in used or ns not in self._ns_since:
+                self._ns_since[ns] = now
+            elif now - self._ns_since[ns] >= idle:
+                log.info("saria serve: namespace %s (%s) idle for %g s: closing it", ns,
+                         self.layouts[ns]["model"], idle)
+                self._publish()  # what it holds is announced before it goes
+                cache = self.caches.pop(ns)
+                self.layouts.pop(ns)
+                self._ns_since.pop(ns)
+                try:
+                    cache.flush()
+                finally:
+                    cache.close()
+                    tier = self.remotes.pop(ns, None)
+                    if tier is not None:
+                        tier.close()
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.pools.pop(ns))
+                self.metrics.namespaces_closed += 1
 
     def _end_old_specs(self, s: Session, before: float) -> None:
         """Ends the specs `s` prepared before `before` (--max-lock-age): a
