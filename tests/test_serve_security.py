@@ -319,12 +319,13 @@ def keys(tmp_path_factory):
     assert out.returncode == 0, out.stderr
     allowed = d / "clients"
     allowed.mkdir()
-    for name in ("alice", "bob", "carol"):
+    for name in ("alice", "bob", "carol", "server"):
         shutil.copy(d / "all" / f"{name}.key", allowed)
     tenants = d / "tenants.json"
     tenants.write_text(json.dumps({"tenants": {"alice": ["key:alice"], "bob": ["key:bob"],
                                                "carol": ["key:carol"]},
-                                   "groups": {"team": ["alice", "carol"]}}))
+                                   "groups": {"team": ["alice", "carol"]},
+                                   "node": ["key:server"]}))  # the operator: the node's tenant
     return d
 
 
@@ -409,6 +410,12 @@ def test_tenants_cannot_see_each_other_but_a_group_shares(curve_server, keys):
 def test_stats_without_a_session_is_the_nodes_own_tenants(curve_server, keys):
     with pytest.raises(P.RemoteError, match="needs a session"):
         server_stats(curve_server, security=_as(keys, "bob"))
+    out = subprocess.run([sys.executable, "-m", "saria.cli.main", "status", curve_server,
+                          "--json", "--curve-secret", str(keys / "all" / "server.key_secret"),
+                          "--curve-key", str(keys / "all" / "server.key")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "namespaces" in json.loads(out.stdout)  # the operator sees the node
 
 
 # ------------------------------------------------------------------------- quotas

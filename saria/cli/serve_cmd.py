@@ -61,6 +61,10 @@ def register(sub) -> None:
     s.add_argument("address", nargs="?", default=default_listen())
     s.add_argument("--timeout", type=float, default=2.0)
     s.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    s.add_argument("--curve-secret", default=None, metavar="FILE",
+                   help="for a tcp:// server: this client's NAME.key_secret")
+    s.add_argument("--curve-key", default=None, metavar="FILE",
+                   help="for a tcp:// server: the server's NAME.key")
     s.set_defaults(func=_status)
 
 
@@ -181,9 +185,11 @@ def _status(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from saria.serve.auth import ClientSecurity
     from saria.serve.client import server_stats
 
-    snap = server_stats(args.address, args.timeout)
+    snap = server_stats(args.address, args.timeout,
+                        ClientSecurity(args.curve_secret, args.curve_key))
     if args.json:
         print(json.dumps(snap, indent=2))
         return 0

@@ -5,11 +5,13 @@ CURVE, ``tcp:insecure`` with ``--insecure-tcp``). The tenants file maps names
 to tenants and tenants to sharing groups (JSON)::
 
     {"tenants": {"alice": ["key:alice-a", "key:alice-b"], "bob": ["uid:1001"]},
-     "groups":  {"team": ["alice", "carol"]}}
+     "groups":  {"team": ["alice", "carol"]},
+     "node":    ["key:ops"]}
 
 A peer no file names is a tenant of its own, except the server's own uid and
 ``tcp:insecure``, which are the *default tenant* ``""`` (a single-user node:
-the key space of a server without tenants, unchanged).
+the key space of a server without tenants, unchanged). ``node`` lists other
+peers of the default tenant (an operator's ``saria status`` over CURVE).
 
 Key spaces. The default tenant's block keys are the engines' keys. Every other
 tenant (or its group) has its own space: the index key is
@@ -49,9 +51,14 @@ class Tenants:
                 raw = json.load(f)
         except (OSError, ValueError) as e:
             raise ConfigError("tenants", f"{path}: {e}") from None
-        if not isinstance(raw, dict) or set(raw) - {"tenants", "groups"}:
-            raise ConfigError("tenants", f"{path}: expected {{\"tenants\": ..., \"groups\": ...}}")
+        if not isinstance(raw, dict) or set(raw) - {"tenants", "groups", "node"}:
+            raise ConfigError("tenants", f"{path}: expected {{\"tenants\": ..., \"groups\": "
+                              "..., \"node\": ...}}")
         members: dict[str, str] = {}
+        node = raw.get("node", [])
+        if not isinstance(node, list) or not all(isinstance(p, str) for p in node):
+            raise ConfigError("tenants", f"{path}: 'node' must be a list of peers")
+        members.update((p, DEFAULT) for p in node)
         for tenant, peers in raw.get("tenants", {}).items():
             if not tenant or not isinstance(peers, list):
                 raise ConfigError("tenants", f"{path}: tenant {tenant!r} needs a list of peers")
