@@ -5,8 +5,9 @@
    on an in-process ``TieredCache`` holding the same blocks; p50 and p99 of
    ``--calls`` calls each. With ``--curve``, also to a ``tcp://`` server with
    CurveZMQ (a listed client key) and to one with ``--insecure-tcp``, in the
-   same run: what authentication and encryption cost per call (a CURVE peer
-   is a tenant of its own, so its keys are also mapped into its key space).
+   same run: what authentication and encryption cost per call, for a peer of
+   the node's own tenant and for a tenant of its own (whose keys the server
+   maps into its key space).
    ``--repeats`` rounds, interleaved; each figure is the median of the rounds.
 2. **Load test**: ``--clients`` processes, each a ``RemoteCache`` in a loop of
    lookup -> prepare/complete load or prepare/complete store (a store fills
@@ -111,29 +112,43 @@ def lookup_rtt(calls: int = 2000, sizes=(8, 128, 1024), *, curve: bool = False,
 
 
 def _tcp_servers(tmp: str, procs: list):
-    """Clients of a tcp:// server with CURVE and of one with --insecure-tcp."""
+    """Clients of a tcp:// server with CURVE -- one of the node's own tenant
+    (keys unchanged) and one a tenant of its own (keys mapped to its space)
+    -- and of a server with --insecure-tcp."""
+    import json
     import socket
 
     from saria.serve.auth import ClientSecurity, write_keypair
     from saria.serve.client import RemoteCache
 
-    keys = os.path.join(tmp, "keys")
+    keys, clients = os.path.join(tmp, "keys"), os.path.join(tmp, "clients")
     write_keypair(keys, "server")
-    write_keypair(os.path.join(tmp, "clients"), "bench")
-    sec = ClientSecurity(os.path.join(tmp, "clients", "bench.key_secret"),
-                         os.path.join(keys, "server.key"))
-    for name, args, security in (
-            ("saria serve (tcp + CURVE)", ("--curve-secret", os.path.join(keys, "server.key_secret"),
-                                           "--curve-clients", os.path.join(tmp, "clients")), sec),
-            ("saria serve (tcp, insecure)", ("--insecure-tcp",), None)):
+    for name in ("node", "tenant"):
+        write_keypair(clients, name)
+    tenants = os.path.join(tmp, "tenants.json")
+    with open(tenants, "w") as f:
+        json.dump({"node": ["key:node"]}, f)
+
+    def sec(name: str) -> ClientSecurity:
+        return ClientSecurity(os.path.join(clients, f"{name}.key_secret"),
+                              os.path.join(keys, "server.key"))
+
+    for label, args, users in (
+            ("tcp + CURVE", ("--curve-secret", os.path.join(keys, "server.key_secret"),
+                             "--curve-clients", clients, "--tenants", tenants),
+             (("node's tenant", sec("node")), ("a tenant, keys mapped", sec("tenant")))),
+            ("tcp, insecure", ("--insecure-tcp",), (("", None),))):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         d = tempfile.mkdtemp(dir=tmp)
         proc, address = start_server(d, 2200 * SLOT, f"tcp://127.0.0.1:{port}", *args,
-                                     security=security)
+                                     security=users[0][1])
         procs.append(proc)
-        yield name, RemoteCache(address, LAYOUT, name="bench", heartbeat=False, security=security)
+        for who, security in users:
+            name = f"saria serve ({label}{', ' + who if who else ''})"
+            yield name, RemoteCache(address, LAYOUT, name="bench", heartbeat=False,
+                                    security=security)
 
 
 def _client(address: str, idx: int, clients: int, seconds: float, out) -> None:
