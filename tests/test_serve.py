@@ -178,7 +178,8 @@ def test_an_engine_killed_mid_store_leaks_nothing(tmp_path):
     """SIGKILL an engine holding DRAM slots and staging: when its lease runs
     out the server frees them, and another engine keeps storing and hitting."""
     server = Server(tmp_path, "--ssd-dir", str(tmp_path / "ssd"), "--ssd-bytes",
-                    str(512 * SLOT), "--admission", "full-duplicate").start()
+                    str(512 * SLOT), "--admission", "full-duplicate",
+                    "--max-staging-share", "1").start()
     other = RemoteCache(server.address, LAYOUT, name="other")
     base = other.gauges()["dram_used_slots"]
     keys = chain(8, 4)

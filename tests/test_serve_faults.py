@@ -112,7 +112,7 @@ def test_a_load_prepared_before_a_server_restart_never_reads_the_new_pool(tmp_pa
     B). The step's metadata names pool B, the load names slots of pool A:
     the worker fails the load (vLLM recomputes) instead of copying another
     block's bytes from B into the request's KV pages."""
-    srv = Server(tmp_path).start()
+    srv = Server(tmp_path, "--min-slot", "512").start()  # its engines' blocks are tiny
     s = scheduler(srv.address)
     w, kv = worker(srv.address)
     try:
@@ -141,7 +141,7 @@ def test_a_pool_file_gone_fails_the_load_instead_of_the_engine(tmp_path):
     """The server stops (its pool file removed) between the step's metadata
     and a worker's first mapping of the pool: the load fails, vLLM
     recomputes, the engine goes on."""
-    srv = Server(tmp_path).start()
+    srv = Server(tmp_path, "--min-slot", "512").start()  # its engines' blocks are tiny
     s = scheduler(srv.address)
     w, kv = worker(srv.address)
     try:
@@ -187,7 +187,7 @@ def test_a_server_that_misses_a_deadline_costs_the_engine_no_further_call(tmp_pa
     server), and figures come from the last answer. When a real server
     answers again, the heartbeat's probe closes the breaker and the client
     says hello to it."""
-    srv = Server(tmp_path).start()
+    srv = Server(tmp_path, "--min-slot", "512").start()  # its engines' blocks are tiny
     cache = ServerCache(engine_config(srv.address), GEO, vllm_config())
     keys = other_chain(4)
     hole = None
@@ -224,7 +224,7 @@ def test_a_worker_fails_the_copies_of_a_session_the_server_fenced(tmp_path):
     none of them (the slots may hold other blocks by now); vLLM recomputes."""
     from saria.serve.fence import fence
 
-    srv = Server(tmp_path).start()
+    srv = Server(tmp_path, "--min-slot", "512").start()  # its engines' blocks are tiny
     s = scheduler(srv.address)
     w, kv = worker(srv.address)
     try:

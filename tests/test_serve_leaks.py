@@ -25,7 +25,7 @@ def slow_server(tmp_path, monkeypatch):
     """A server whose first prepare_store and first take_staging reply 1 s late."""
     monkeypatch.setenv("SARIA_SERVE_TEST_DELAY", "prepare_store:1.0:1,take_staging:1.0:1")
     s = Server(tmp_path, "--ssd-dir", str(tmp_path / "ssd"), "--ssd-bytes", str(256 << 14),
-               "--admission", "full-duplicate", lease=5.0).start()
+               "--admission", "full-duplicate", "--max-staging-share", "1", lease=5.0).start()
     yield s
     if s.proc.poll() is None:
         assert s.stop() == 0

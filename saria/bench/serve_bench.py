@@ -3,7 +3,12 @@
 1. **Lookup round trip**: ``lookup`` of 8 / 128 / 1024 block keys through
    ``RemoteCache`` to a ``saria serve`` process (ipc), against the same call
    on an in-process ``TieredCache`` holding the same blocks; p50 and p99 of
-   ``--calls`` calls each.
+   ``--calls`` calls each. With ``--curve``, also to a ``tcp://`` server with
+   CurveZMQ (a listed client key) and to one with ``--insecure-tcp``, in the
+   same run: what authentication and encryption cost per call, for a peer of
+   the node's own tenant and for a tenant of its own (whose keys the server
+   maps into its key space).
+   ``--repeats`` rounds, interleaved; each figure is the median of the rounds.
 2. **Load test**: ``--clients`` processes, each a ``RemoteCache`` in a loop of
    lookup -> prepare/complete load or prepare/complete store (a store fills
    its slots in the shared pool) over its own and the others' prefixes, for
@@ -39,16 +44,20 @@ def chain(seed: int, n: int) -> np.ndarray:
         [seed * 1_000_000 + i for i in range(16 * n)]))
 
 
-def start_server(tmp: str, dram: int) -> tuple[subprocess.Popen, str]:
+def start_server(tmp: str, dram: int, listen: str | None = None, *args: str,
+                 security=None) -> tuple[subprocess.Popen, str]:
     from saria.serve.client import ServerUnavailable, server_stats
+    from saria.serve.protocol import RemoteError
 
-    address = f"ipc://{tmp}/serve.sock"
+    address = listen or f"ipc://{tmp}/serve.sock"
     log = open(os.path.join(tmp, "serve.log"), "w")
     proc = subprocess.Popen([sys.executable, "-m", "saria.cli.main", "serve", "--dram", str(dram),
-                             "--listen", address, "--lease", "5"], stdout=log, stderr=log)
+                             "--listen", address, "--lease", "5", *args], stdout=log, stderr=log)
     for _ in range(300):
         try:
-            server_stats(address, 0.2)
+            server_stats(address, 0.2, security)
+            return proc, address
+        except RemoteError:  # it answered (a tenant's stats need a session)
             return proc, address
         except ServerUnavailable:
             if proc.poll() is not None:
@@ -61,36 +70,85 @@ def _pct(xs: list[float]) -> tuple[float, float]:
     return float(np.percentile(a, 50)), float(np.percentile(a, 99))
 
 
-def lookup_rtt(calls: int = 2000, sizes=(8, 128, 1024)) -> list[dict]:
+def lookup_rtt(calls: int = 2000, sizes=(8, 128, 1024), *, curve: bool = False,
+               repeats: int = 1) -> list[dict]:
     from saria.runtime.cache import CacheConfig, TieredCache
     from saria.serve.client import RemoteCache
 
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        proc, address = start_server(tmp, 2200 * SLOT)
+        procs, paths = [], [("in-process", TieredCache(CacheConfig(
+            block_bytes=SLOT, dram_bytes=2200 * SLOT, pin=False)))]
         try:
-            remote = RemoteCache(address, LAYOUT, name="bench", heartbeat=False)
-            local = TieredCache(CacheConfig(block_bytes=SLOT, dram_bytes=2200 * SLOT, pin=False))
+            proc, address = start_server(tmp, 2200 * SLOT)
+            procs.append(proc)
+            paths.append(("saria serve (ipc)", RemoteCache(address, LAYOUT, name="bench",
+                                                           heartbeat=False)))
+            if curve:
+                for name, client in _tcp_servers(tmp, procs):
+                    paths.append((name, client))
+            times: dict[tuple[int, str], list[tuple[float, float]]] = {}
             for n in sizes:
                 keys = chain(n, n)
-                for cache in (remote, local):  # the same blocks in both, in DRAM
-                    spec = cache.prepare_store(keys, 0)
-                    cache.complete_store(spec)
-                for name, cache in (("in-process", local), ("saria serve", remote)):
-                    times = []
-                    for _ in range(calls):
-                        t0 = time.perf_counter()
-                        plan = cache.lookup(keys)
-                        times.append(time.perf_counter() - t0)
-                    assert plan.num_blocks == n
-                    p50, p99 = _pct(times)
-                    rows.append({"keys": n, "path": name, "p50_us": p50, "p99_us": p99})
-            remote.close()
-            local.close()
+                for _, cache in paths:  # the same blocks in each, in DRAM
+                    cache.complete_store(cache.prepare_store(keys, 0))
+                for _ in range(repeats):  # rounds interleaved: A B C, A B C, ...
+                    for name, cache in paths:
+                        ts = []
+                        for _ in range(calls):
+                            t0 = time.perf_counter()
+                            plan = cache.lookup(keys)
+                            ts.append(time.perf_counter() - t0)
+                        assert plan.num_blocks == n
+                        times.setdefault((n, name), []).append(_pct(ts))
+            for _, cache in paths:
+                cache.close()
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-    return rows
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=30)
+    return [{"keys": n, "path": name, "p50_us": float(np.median([r[0] for r in rs])),
+             "p99_us": float(np.median([r[1] for r in rs])), "rounds": len(rs)}
+            for (n, name), rs in times.items()]
+
+
+def _tcp_servers(tmp: str, procs: list):
+    """Clients of a tcp:// server with CURVE -- one of the node's own tenant
+    (keys unchanged) and one a tenant of its own (keys mapped to its space)
+    -- and of a server with --insecure-tcp."""
+    import json
+    import socket
+
+    from saria.serve.auth import ClientSecurity, write_keypair
+    from saria.serve.client import RemoteCache
+
+    keys, clients = os.path.join(tmp, "keys"), os.path.join(tmp, "clients")
+    write_keypair(keys, "server")
+    for name in ("node", "tenant"):
+        write_keypair(clients, name)
+    tenants = os.path.join(tmp, "tenants.json")
+    with open(tenants, "w") as f:
+        json.dump({"node": ["key:node"]}, f)
+
+    def sec(name: str) -> ClientSecurity:
+        return ClientSecurity(os.path.join(clients, f"{name}.key_secret"),
+                              os.path.join(keys, "server.key"))
+
+    for label, args, users in (
+            ("tcp + CURVE", ("--curve-secret", os.path.join(keys, "server.key_secret"),
+                             "--curve-clients", clients, "--tenants", tenants),
+             (("node's tenant", sec("node")), ("a tenant, keys mapped", sec("tenant")))),
+            ("tcp, insecure", ("--insecure-tcp",), (("", None),))):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        d = tempfile.mkdtemp(dir=tmp)
+        proc, address = start_server(d, 2200 * SLOT, f"tcp://127.0.0.1:{port}", *args,
+                                     security=users[0][1])
+        procs.append(proc)
+        for who, security in users:
+            name = f"saria serve ({label}{', ' + who if who else ''})"
+            yield name, RemoteCache(address, LAYOUT, name="bench", heartbeat=False,
+                                    security=security)
 
 
 def _client(address: str, idx: int, clients: int, seconds: float, out) -> None:

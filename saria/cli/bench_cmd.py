@@ -66,6 +66,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sv.add_argument("--clients", type=int, default=4, help="load-test processes (default 4)")
     sv.add_argument("--seconds", type=float, default=600.0,
                     help="load-test duration (default 600; 0 skips it)")
+    sv.add_argument("--curve", action="store_true", help="also over tcp:// with CurveZMQ and "
+                    "with --insecure-tcp, in the same run")
+    sv.add_argument("--repeats", type=int, default=1, help="lookup rounds, interleaved across "
+                    "paths; figures are the medians (default 1)")
     sv.add_argument("--json", type=Path, default=None, metavar="PATH")
     sv.set_defaults(func=run_serve)
 
@@ -78,7 +82,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.clients < 1 or args.seconds < 0:
         raise ConfigError("--clients", "needs at least one client and seconds >= 0")
     con = Console()
-    rows = lookup_rtt(args.calls)
+    if args.repeats < 1:
+        raise ConfigError("--repeats", f"must be at least 1, got {args.repeats}")
+    rows = lookup_rtt(args.calls, curve=args.curve, repeats=args.repeats)
     t = Table(title="lookup round trip (µs)")
     for col in ("keys", "path", "p50", "p99"):
         t.add_column(col, justify="right")

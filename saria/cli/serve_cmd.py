@@ -3,6 +3,9 @@
     saria serve --dram 64GB --ssd-dir /mnt/nvme0/kv --ssd-dir /mnt/nvme1/kv --ssd-bytes 2TB
     saria serve --dram 64GB --remote mooncake://10.0.0.5:50051 --remote-segment 32GB
     saria status ipc:///run/user/1000/saria/serve.sock
+    saria serve keygen --out /etc/saria/keys --name server --name engine-a
+    saria serve --listen tcp://10.0.0.7:5555 --curve-secret /etc/saria/keys/server.key_secret \
+        --curve-clients /etc/saria/clients --tenants /etc/saria/tenants.json
 
 Engines point their connector's ``server`` key at ``--listen``. ``--remote``
 makes a Mooncake Store the fleet shares this node's cluster tier (its master;
@@ -41,7 +44,8 @@ def register(sub) -> None:
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus endpoint port")
     p.add_argument("--events", default=None, metavar="ENDPOINT",
                    help="publish the node's KV events (vLLM's KVEventBatch, ZMQ PUB) at this "
-                   "endpoint, e.g. tcp://*:5557 (default: off)")
+                   "endpoint, e.g. tcp://127.0.0.1:5557 (default: off; tcp://*:... reaches "
+                   "every host: events name each prompt's blocks)")
     p.add_argument("--node", default="", help="this node's name in event topics kv@NODE@MODEL "
                    "(default: the host name)")
     p.add_argument("--scrub-rate", default="0",
@@ -50,13 +54,85 @@ def register(sub) -> None:
                    help="the cluster tier: a Mooncake Store master (default: off)")
     for flag, key, what in _REMOTE_FLAGS:
         p.add_argument(flag, default=None, dest=key, help=what)
+    _security_flags(p)
     p.set_defaults(func=_serve)
 
     s = sub.add_parser("status", help="print a running saria serve's figures")
     s.add_argument("address", nargs="?", default=default_listen())
     s.add_argument("--timeout", type=float, default=2.0)
     s.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    s.add_argument("--curve-secret", default=None, metavar="FILE",
+                   help="for a tcp:// server: this client's NAME.key_secret")
+    s.add_argument("--curve-key", default=None, metavar="FILE",
+                   help="for a tcp:// server: the server's NAME.key")
     s.set_defaults(func=_status)
+
+
+def _security_flags(p) -> None:
+    """Identity, tenants and quotas (docs/security.md; issue 32)."""
+    from saria.serve.limits import Limits
+
+    d = Limits()
+    p.add_argument("action", nargs="?", choices=("keygen",),
+                   help="keygen: write CurveZMQ key pairs (--out DIR, --name NAME...) and exit")
+    p.add_argument("--out", default=".", help="keygen: the folder for the key files")
+    p.add_argument("--name", action="append", default=[], help="keygen: a key pair's name "
+                   "(NAME.key public, NAME.key_secret 0600; repeat)")
+    p.add_argument("--curve-secret", default=None, metavar="FILE",
+                   help="this server's NAME.key_secret; a tcp:// --listen needs it")
+    p.add_argument("--curve-clients", default=None, metavar="DIR",
+                   help="the allowed clients' NAME.key files; each is the peer key:NAME")
+    p.add_argument("--insecure-tcp", action="store_true",
+                   help="serve tcp:// without CURVE: ANYONE who reaches it can read and poison "
+                   "the cache (warned at every start)")
+    p.add_argument("--allow-uid", type=int, action="append", default=[],
+                   help="an ipc:// peer uid let in besides this server's own (repeat)")
+    p.add_argument("--tenants", default=None, metavar="FILE",
+                   help="the tenants file (JSON: peers -> tenants, sharing groups)")
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="where --metrics-port binds (default 127.0.0.1)")
+    for flag, key, what in (
+            ("--max-frame", "max_frame", "bytes of one request"),
+            ("--max-sessions", "sessions", "open sessions in all"),
+            ("--max-sessions-per-peer", "sessions_per_peer", "open sessions of one peer"),
+            ("--max-specs", "specs_per_session", "loads and stores one session holds"),
+            ("--max-lock-age", "spec_age_s", "seconds a held load or store lives; heartbeats "
+             "do not extend it"),
+            ("--max-staging-share", "staging_per_session", "the share of staging slots one "
+             "session may hold"),
+            ("--max-hello-rate", "hellos_per_s", "hellos per second from one peer"),
+            ("--min-slot", "min_slot_bytes", "a layout's smallest block, bytes"),
+            ("--max-slot", "max_slot_bytes", "a layout's largest block, bytes"),
+            ("--max-slots", "max_slots", "DRAM slots one namespace may have"),
+            ("--namespace-idle", "namespace_idle_s", "seconds a namespace no session uses "
+             "stays open")):
+        kind = float if isinstance(getattr(d, key), float) else int
+        p.add_argument(flag, type=kind, default=getattr(d, key), dest=f"limit_{key}",
+                       help=f"{what} (default {getattr(d, key)}; 0: no limit)")
+
+
+def _security(args) -> dict:
+    """The security flags as ``ServerConfig`` fields."""
+    from dataclasses import fields
+
+    from saria.serve.limits import Limits
+
+    limits = Limits(**{f.name: getattr(args, f"limit_{f.name}") for f in fields(Limits)})
+    return dict(limits=limits, curve_secret=args.curve_secret, curve_clients=args.curve_clients,
+                insecure_tcp=args.insecure_tcp, allow_uids=tuple(args.allow_uid),
+                tenants=args.tenants, metrics_host=args.metrics_host)
+
+
+def _keygen(args) -> int:
+    from saria.errors import ConfigError
+    from saria.serve.auth import write_keypair
+
+    if not args.name:
+        raise ConfigError("--name", "keygen needs at least one --name")
+    for name in args.name:
+        public, secret = write_keypair(args.out, name)
+        print(f"{name}: {public} (public), {secret} (secret, 0600)")
+    return 0
 
 
 #: --remote-* flags -> RemoteSettings.from_mapping keys
@@ -89,6 +165,8 @@ def remote_mapping(args) -> dict | None:
 def _serve(args) -> int:
     from saria.serve.server import ServerConfig, run
 
+    if args.action == "keygen":
+        return _keygen(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     cfg = ServerConfig(
         listen=args.listen, dram_bytes=int(parse_size(args.dram, name="--dram")),
@@ -97,7 +175,7 @@ def _serve(args) -> int:
         max_models=args.max_models, lease_s=args.lease, metrics_port=args.metrics_port,
         events=args.events, node=args.node,
         scrub_bytes_per_s=float(parse_size(args.scrub_rate, name="--scrub-rate")),
-        remote=remote_mapping(args))
+        remote=remote_mapping(args), **_security(args))
     return run(cfg)
 
 
@@ -107,9 +185,11 @@ def _status(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from saria.serve.auth import ClientSecurity
     from saria.serve.client import server_stats
 
-    snap = server_stats(args.address, args.timeout)
+    snap = server_stats(args.address, args.timeout,
+                        ClientSecurity(args.curve_secret, args.curve_key))
     if args.json:
         print(json.dumps(snap, indent=2))
         return 0

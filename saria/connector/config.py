@@ -34,6 +34,13 @@ server             the address of a ``saria serve`` (``ipc://...``, ``tcp://...`
                    dwpd must not be set here (none: an in-process cache)
 server_timeout_s   deadline of each call to the server; a miss past it (1.0)
 engine_name        this engine's name in the server's figures ("vllm")
+server_curve_secret  this engine's CurveZMQ NAME.key_secret (``saria serve
+                   keygen``), for a ``tcp://`` server (none)
+server_curve_key   the server's public NAME.key, with server_curve_secret (none)
+server_uid         the uid the server runs as: its ipc folder and the pool
+                   it names must be that uid's (default: this process's)
+server_ssd_roots   the SSD roots the server may name (its --ssd-dir list);
+                   none: folders of server_uid without group/other write bits
 remote             the cluster tier of an in-process cache: a mapping of
                    ``RemoteSettings.from_mapping`` keys ({"master":
                    "mooncake://HOST:PORT", "segment_bytes": "4GB", ...});
@@ -65,7 +72,8 @@ from saria.units import parse_size
 KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admission",
         "promotion", "promotion_r", "promotion_min_age_s", "write_queue", "op_timeout_s", "coordinator",
         "ingress_bytes_per_s", "events", "metrics_port", "dwpd", "config_file", "server",
-        "server_timeout_s", "engine_name", "remote")
+        "server_timeout_s", "engine_name", "remote", "server_curve_secret", "server_curve_key",
+        "server_uid", "server_ssd_roots")
 # the server's settings: an engine that uses a server cannot also set them
 SERVER_OWNED = ("dram_bytes", "ssd_dirs", "ssd_bytes", "admission", "promotion", "promotion_r",
                 "promotion_min_age_s", "write_queue", "dwpd", "remote")
@@ -93,7 +101,19 @@ class ConnectorConfig:
     server_timeout_s: float = 1.0
     engine_name: str = "vllm"
     remote: dict | None = None  # RemoteSettings.from_mapping's keys (checked at parse)
+    # what the engine checks of its server (saria.serve.auth.ClientSecurity)
+    server_curve_secret: str | None = None
+    server_curve_key: str | None = None
+    server_uid: int | None = None
+    server_ssd_roots: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict, compare=False)
+
+    def client_security(self):
+        """The server checks of this engine (``saria.serve.auth.ClientSecurity``)."""
+        from saria.serve.auth import ClientSecurity
+
+        return ClientSecurity(self.server_curve_secret, self.server_curve_key, self.server_uid,
+                              self.server_ssd_roots)
 
     @property
     def has_ssd(self) -> bool:
@@ -209,6 +229,7 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
 
         RemoteSettings.from_mapping(remote)  # every bad setting names its key (remote.lane: ...)
         remote = dict(remote)
+    security = _server_security(raw)
     dwpd = raw.get("dwpd", 1.0)
     if isinstance(dwpd, bool) or not isinstance(dwpd, (int, float)) or not dwpd > 0:
         raise ConfigError("dwpd", f"must be a positive number, got {dwpd!r}")
@@ -219,7 +240,30 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
         op_timeout_s=float(timeout), coordinator=coordinator,
         ingress_bytes_per_s=None if ingress is None else float(ingress), events=events,
         metrics_port=port, dwpd=float(dwpd), server=server, server_timeout_s=float(stimeout),
-        engine_name=name, remote=remote, extra=dict(extra or {}))
+        engine_name=name, remote=remote, extra=dict(extra or {}), **security)
+
+
+def _server_security(raw: dict) -> dict:
+    """The ``server_curve_*`` / ``server_uid`` / ``server_ssd_roots`` keys, checked."""
+    out: dict = {}
+    curve = [k for k in ("server_curve_secret", "server_curve_key") if k in raw]
+    if len(curve) == 1:
+        raise ConfigError(curve[0], "needs its pair: server_curve_secret (this engine's "
+                          "NAME.key_secret) and server_curve_key (the server's NAME.key)")
+    for k in curve:
+        if not isinstance(raw[k], str) or not os.path.isfile(raw[k]):
+            raise ConfigError(k, f"must name a key file, got {raw[k]!r}")
+        out[k] = raw[k]
+    if "server_uid" in raw:
+        uid = raw["server_uid"]
+        if isinstance(uid, bool) or not isinstance(uid, int) or uid < 0:
+            raise ConfigError("server_uid", f"must be a uid (an integer >= 0), got {uid!r}")
+        out["server_uid"] = uid
+    roots = raw.get("server_ssd_roots", [])
+    if not isinstance(roots, list) or not all(isinstance(r, str) and r for r in roots):
+        raise ConfigError("server_ssd_roots", f"must be a list of folders, got {roots!r}")
+    out["server_ssd_roots"] = tuple(os.path.abspath(r) for r in roots)
+    return out
 
 
 def _size(raw: dict, key: str) -> int:

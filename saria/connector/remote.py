@@ -49,7 +49,8 @@ class ServerCache:
             dp = getattr(par, "data_parallel_rank", 0)
         self.client = RemoteCache(cfg.server, server_layout(geo, cfg),
                                   name=f"{cfg.engine_name}-dp{dp}", dp_rank=int(dp), tp_rank=0,
-                                  timeout_s=cfg.server_timeout_s)
+                                  timeout_s=cfg.server_timeout_s,
+                                  security=cfg.client_security())
         self.stats = CacheStats()
         self.failures = 0
         self._gauges: dict[str, float] = {}  # the last answer: figures while the server is down

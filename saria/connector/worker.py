@@ -35,6 +35,7 @@ from saria.connector.meta import SariaMetadata, SariaWorkerMetadata, Transfer
 from saria.connector.movers import DRAM_TO_KV, SSD_TO_KV, PageCopier, SsdPageReader
 from saria.connector.pages import KVPages
 from saria.connector.stats import Deltas
+from saria.errors import SariaError
 from saria.serve.fence import WorkerFence
 from saria.tiers.dram import DramPool
 
@@ -245,10 +246,13 @@ class SariaWorker:
             self.shutdown_movers()
         self.copier, self.coordinator, self._server_pool = None, None, None
         try:
+            # the scheduler checked them at hello; check again where the mapping happens
+            # (a pool refused as unsafe is never mapped: its ops fail like a gone one's)
+            self.cfg.client_security().check_hello({"pool": path, "ssd_dirs": dirs})
             size = os.path.getsize(path)
             self.pool = DramPool(size // self.geo.slot_bytes, self.geo.slot_bytes, shared=path,
                                  prefault=False)
-        except (FileNotFoundError, OSError) as e:
+        except (FileNotFoundError, OSError, SariaError) as e:
             log.warning("saria: cannot map the cache server's pool %s (%s); this step's "
                         "copies fail and vLLM recomputes", path, e)
             return

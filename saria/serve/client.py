@@ -47,6 +47,7 @@ import zmq
 from saria.core import LoadSpec, StoreSpec
 from saria.errors import SariaError
 from saria.serve import protocol as P
+from saria.serve.auth import ClientSecurity
 from saria.serve.breaker import Breaker
 
 
@@ -105,8 +106,9 @@ class RemoteCache:
 
     def __init__(self, address: str, layout: dict, *, name: str = "engine",
                  dp_rank: int = 0, tp_rank: int = 0, timeout_s: float = 2.0,
-                 heartbeat: bool = True) -> None:
+                 heartbeat: bool = True, security: ClientSecurity | None = None) -> None:
         self.address = address
+        self.security = security or ClientSecurity()
         self.layout = dict(layout)
         self.identity = {"name": name, "dp_rank": dp_rank, "tp_rank": tp_rank, "pid": os.getpid()}
         self.timeout_s = float(timeout_s)
@@ -244,7 +246,8 @@ class RemoteCache:
                 self._call("bye", {}, renew=False, timeout_s=0.5)
         except (ServerUnavailable, P.RemoteError):
             pass
-        self._sock.close(0)
+        if self._sock is not None:
+            self._sock.close(0)
         self._ctx.term()
 
     # ------------------------------------------------------------ helpers
@@ -285,14 +288,11 @@ class RemoteCache:
                                   session=self.session)
 
     def _connect(self) -> zmq.Socket:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for a peer that is not there
-        sock.connect(self.address)
-        return sock
+        return self.security.socket(self._ctx, self.address)
 
     def _hello(self) -> None:
         info = self._raw("hello", None, {**self.identity, "layout": self.layout}, self.timeout_s)
+        self.security.check_hello(info)  # the pool and drives it names are the server's own
         self.session, self.boot, self.info = info["session"], info["boot"], info
 
     def _call(self, op: str, args: dict, *, renew: bool = True, timeout_s: float | None = None,
@@ -340,6 +340,12 @@ class RemoteCache:
     def _raw(self, op: str, session: str | None, args: dict, timeout_s: float):
         rid = next(self._ids)
         deadline = time.monotonic() + timeout_s
+        if self._sock is None:  # the last reconnect was refused (the socket's folder gone)
+            try:
+                self._sock = self._connect()
+            except SariaError as e:
+                raise ServerUnavailable(f"saria server at {self.address}: {e}; {op} not sent") \
+                    from None
         _send(self._sock, P.pack({"v": P.VERSION, "id": rid, "op": op, "session": session,
                                   "args": args}), min(timeout_s, CONNECT_GRACE_S),
               f"saria server at {self.address}: not connected; {op} not sent")
@@ -348,7 +354,7 @@ class RemoteCache:
             if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
                 # a late reply to this id would confuse the next call: start afresh
                 self._sock.close(0)
-                self._sock = self._connect()
+                self._sock = None  # connected afresh (and checked again) by the next call
                 raise ServerUnavailable(f"saria server at {self.address}: no reply to {op} "
                                         f"within {timeout_s:g} s")
             reply = P.unpack(self._sock.recv())
@@ -453,14 +459,19 @@ def _keys(keys) -> np.ndarray:
     return arr
 
 
-def server_stats(address: str, timeout_s: float = 2.0) -> dict:
-    """The server's figures without a session (``saria status``)."""
+def server_stats(address: str, timeout_s: float = 2.0,
+                 security: ClientSecurity | None = None) -> dict:
+    """The server's figures without a session (``saria status``; the
+    server's own tenant only)."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
     try:
-        sock.connect(address)
-        sock.send(P.pack({"v": P.VERSION, "id": 1, "op": "stats", "session": None, "args": {}}))
+        sock = (security or ClientSecurity()).socket(ctx, address)
+    except BaseException:
+        ctx.term()
+        raise
+    try:
+        _send(sock, P.pack({"v": P.VERSION, "id": 1, "op": "stats", "session": None, "args": {}}),
+              timeout_s, f"saria server at {address}: no reply within {timeout_s:g} s (not answering)")
         if not sock.poll(int(timeout_s * 1000)):
             raise ServerUnavailable(f"saria server at {address}: no reply within {timeout_s:g} s")
         reply = P.unpack(sock.recv())

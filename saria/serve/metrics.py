@@ -26,6 +26,8 @@ class ServerMetrics:
         self.rpcs: dict[str, list[int]] = defaultdict(lambda: [0] * (len(BUCKETS) + 1))
         self.rpc_sum: dict[str, float] = defaultdict(float)
         self.errors = 0
+        self.specs_aged = 0  # specs ended by --max-lock-age
+        self.namespaces_closed = 0  # by --namespace-idle
         self._http = None
 
     # ------------------------------------------------------------ counting
@@ -52,9 +54,21 @@ class ServerMetrics:
 
     # ------------------------------------------------------------ reading
 
-    def snapshot(self) -> dict:
-        """Everything, as plain data (``stats`` op, ``saria status``)."""
+    def snapshot(self, tenant: str | None = None) -> dict:
+        """Everything, as plain data (``stats`` op, ``saria status``); for a
+        `tenant`, only its own engines and sessions (their names start with
+        ``TENANT/``) -- no namespace gauges, RPC figures or other engines."""
         srv = self.server
+        if tenant is not None:
+            mine = f"{tenant}/"
+            return {"boot": srv.boot, "address": srv.address, "tenant": tenant,
+                    "sessions": sum(s.engine.startswith(mine) for s in srv.sessions.values()),
+                    "leases_expired": 0, "rpc_errors": 0,
+                    "engines": {k: dict(v) for k, v in self.engines.items()
+                                if k.startswith(mine)},
+                    "sessions_by_engine": dict(Counter(s.engine for s in srv.sessions.values()
+                                                       if s.engine.startswith(mine))),
+                    "namespaces": {}, "rpc": {}, "rpc_buckets_s": list(BUCKETS)}
         return {
             "boot": srv.boot, "address": srv.address, "sessions": len(srv.sessions),
             "sessions_fencing": len(srv.fencing),
@@ -66,9 +80,14 @@ class ServerMetrics:
             "rpc": {op: {"count": sum(b), "sum_s": self.rpc_sum[op], "buckets": list(b)}
                     for op, b in self.rpcs.items()},
             "rpc_buckets_s": list(BUCKETS),
+            "loop_errors": getattr(srv, "loop_errors", 0), "specs_aged": self.specs_aged,
+            "namespaces_closed": self.namespaces_closed,
+            "peers_refused": srv.gate.refused if getattr(srv, "gate", None) else 0,
         }
 
-    def serve(self, port: int) -> None:
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        """The Prometheus endpoint on `host` (loopback unless told: per-engine
+        figures tell who is served what)."""
         from prometheus_client import CollectorRegistry, start_http_server
 
         from saria.errors import ConfigError
@@ -76,7 +95,7 @@ class ServerMetrics:
         reg = CollectorRegistry()
         reg.register(_Collector(self))
         try:
-            self._http, _ = start_http_server(port, registry=reg)
+            self._http, _ = start_http_server(port, addr=host, registry=reg)
         except OSError as e:
             raise ConfigError("metrics_port", f"cannot serve on port {port}: {e.strerror}") from None
 

@@ -40,11 +40,29 @@ from saria.errors import SariaError
 VERSION = 1
 _ARRAY = 1
 _DTYPES = frozenset({"|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f4", "<f8", "|b1"})
-MAX_FRAME = 256 << 20  # no request is this large; a bigger one is an error, not an allocation
+#: the default frame limit: a step's largest request (a long prompt's keys,
+#: 32 B a block) is well under 1 MB; ``saria serve --max-frame`` changes it
+MAX_FRAME = 8 << 20
+#: caps on what one frame may build: an array or map of more items, a string
+#: longer, or more containers in all is refused while decoding -- so a frame of
+#: a few MB cannot build gigabytes of Python objects (a byte of ``0x90`` is an
+#: empty list, ~60 B of heap each)
+MAX_ITEMS = 1 << 16
+MAX_STR = 1 << 16
+MAX_CONTAINERS = 1 << 16
 
 
 class ProtocolError(SariaError, ValueError):
     """A frame that is not a valid saria message; the text says what is wrong."""
+
+
+class BadRequest(ProtocolError):
+    """A request that decoded but is not valid; ``rid`` is its id (0 when it
+    had no readable one), so the error reply needs no second decode."""
+
+    def __init__(self, message: str, rid: int = 0) -> None:
+        super().__init__(message)
+        self.rid = rid
 
 
 class RemoteError(SariaError, RuntimeError):
@@ -53,6 +71,7 @@ class RemoteError(SariaError, RuntimeError):
 
     def __init__(self, code: str, message: str) -> None:
         self.code = code
+        self.detail = message  # what the server sends (the client adds the prefix)
         super().__init__(f"saria server ({code}): {message}")
 
 
@@ -96,47 +115,52 @@ def pack(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_default, use_bin_type=True)
 
 
-def unpack(frame: bytes) -> Any:
-    """Decodes one frame; every failure is a ``ProtocolError``."""
-    if len(frame) > MAX_FRAME:
-        raise ProtocolError(f"frame of {len(frame)} bytes exceeds {MAX_FRAME}")
+def unpack(frame: bytes, max_frame: int = MAX_FRAME) -> Any:
+    """Decodes one frame within the caps above; every failure is a ``ProtocolError``."""
+    if len(frame) > max_frame:
+        raise ProtocolError(f"frame of {len(frame)} bytes exceeds the limit of {max_frame}")
+    built = 0
+
+    def count(obj):  # called once per array and map built
+        nonlocal built
+        built += 1
+        if built > MAX_CONTAINERS:
+            raise ProtocolError(f"frame holds more than {MAX_CONTAINERS} arrays and maps")
+        return obj
+
     try:
-        return msgpack.unpackb(frame, raw=False, ext_hook=_ext_hook, strict_map_key=True)
+        return msgpack.unpackb(frame, raw=False, ext_hook=_ext_hook, strict_map_key=True,
+                               list_hook=count, object_hook=count, max_array_len=MAX_ITEMS,
+                               max_map_len=MAX_ITEMS, max_str_len=MAX_STR,
+                               max_bin_len=max_frame, max_ext_len=max_frame)
     except ProtocolError:
         raise
     except Exception as e:  # msgpack raises a zoo of types for bad input
         raise ProtocolError(f"undecodable frame: {type(e).__name__}: {e}") from None
 
 
-def request(frame: bytes) -> tuple[int, str, str | None, dict]:
-    """Validates a request frame: ``(id, op, session, args)``."""
-    msg = unpack(frame)
+def request(frame: bytes, max_frame: int = MAX_FRAME) -> tuple[int, str, str | None, dict]:
+    """Validates a request frame, decoding it once: ``(id, op, session, args)``;
+    a frame that decodes but is invalid raises ``BadRequest`` with its id."""
+    msg = unpack(frame, max_frame)
     if not isinstance(msg, dict):
-        raise ProtocolError("a request is a map")
+        raise BadRequest("a request is a map")
     rid = msg.get("id", 0)
     if not isinstance(rid, int) or isinstance(rid, bool):
-        raise ProtocolError("'id' must be an integer")
+        raise BadRequest("'id' must be an integer")
     version = msg.get("v")
     if version != VERSION:
-        raise RemoteError("version", f"protocol version {version!r} is not {VERSION}")
+        err = RemoteError("version", f"protocol version {version!r} is not {VERSION}")
+        err.rid = rid
+        raise err
     op, session, args = msg.get("op"), msg.get("session"), msg.get("args", {})
     if not isinstance(op, str):
-        raise ProtocolError("'op' must be a string")
+        raise BadRequest("'op' must be a string", rid)
     if session is not None and not isinstance(session, str):
-        raise ProtocolError("'session' must be a string or nil")
+        raise BadRequest("'session' must be a string or nil", rid)
     if not isinstance(args, dict):
-        raise ProtocolError("'args' must be a map")
+        raise BadRequest("'args' must be a map", rid)
     return rid, op, session, args
-
-
-def request_id(frame: bytes) -> int:
-    """The id of a frame that failed validation, when it has a readable one."""
-    try:
-        msg = unpack(frame)
-    except ProtocolError:
-        return 0
-    rid = msg.get("id", 0) if isinstance(msg, dict) else 0
-    return rid if isinstance(rid, int) and not isinstance(rid, bool) else 0
 
 
 def arg(args: dict, name: str, kind: type | tuple[type, ...], default: Any = ...):

@@ -66,17 +66,19 @@ from saria.keys import digest_bytes
 from saria.policy import make_admission
 from saria.routing import wire
 from saria.runtime.cache import CacheConfig, TieredCache
+from saria.serve import auth
 from saria.serve import protocol as P
+from saria.serve.limits import LAYOUT_FIELDS, HelloRate, Limits, QuotaError, check_layout
 from saria.serve.metrics import ServerMetrics
 from saria.serve.publisher import EventPublisher, to_wire
 from saria.serve import fence as F
 from saria.serve.specids import SpecIds
 from saria.serve.paths import default_listen, default_runtime_dir  # noqa: F401
+from saria.serve.tenants import Tenants, map_keys
 
 log = logging.getLogger("saria.serve")
 
-LAYOUT_FIELDS = ("model", "dtype", "block_size", "page_bytes", "num_layers", "tp_size",
-                 "kv_layout", "hash_algo", "hash_seed", "slot_bytes")
+__all__ = ["LAYOUT_FIELDS", "CacheServer", "ServerConfig", "namespace_of", "run"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,14 @@ class ServerConfig:
     scrub_bytes_per_s: float = 0.0  # background SSD scrub of each namespace's store (0: off)
     # the cluster tier: RemoteSettings.from_mapping's keys (None: off)
     remote: dict | None = None
+    # security (saria.serve.auth, .tenants, .limits; docs/security.md)
+    limits: Limits = Limits()
+    curve_secret: str | None = None   # the server's NAME.key_secret (tcp:// needs it)
+    curve_clients: str | None = None  # a folder of the allowed clients' NAME.key files
+    insecure_tcp: bool = False        # tcp:// without CURVE: anyone who reaches it is trusted
+    allow_uids: tuple[int, ...] = ()  # ipc:// peers of other uids let in (SO_PEERCRED)
+    tenants: str | None = None        # the tenants file (saria.serve.tenants)
+    metrics_host: str = "127.0.0.1"   # where the Prometheus endpoint binds
 
     def __post_init__(self) -> None:
         if self.max_models < 1:
@@ -114,6 +124,11 @@ class ServerConfig:
             from saria.tiers.remote import RemoteSettings
 
             RemoteSettings.from_mapping(self.remote)  # a bad setting fails here, naming its key
+        if not self.listen.startswith(("ipc://", "inproc://")) and not self.insecure_tcp and (
+                self.curve_secret is None or self.curve_clients is None):
+            raise ConfigError("listen", f"{self.listen} is reachable by every user of the host "
+                              "(and beyond): give --curve-secret and --curve-clients (saria serve "
+                              "keygen), or --insecure-tcp to accept anyone")
 
 
 def namespace_of(layout: dict) -> str:
@@ -128,6 +143,10 @@ class Session:
     engine: str
     pid: int
     expires: float
+    peer: str = ""     # who said hello (auth.Gate's name for it)
+    tenant: str = ""   # its tenant (tenants.DEFAULT: the node's own)
+    space: bytes | None = None  # its tenant's key space
+    held: dict[int, float] = field(default_factory=dict)  # spec id -> when prepared
     loads: dict[int, LoadSpec] = field(default_factory=dict)
     stores: dict[int, StoreSpec] = field(default_factory=dict)
     staging: set[int] = field(default_factory=set)
@@ -145,9 +164,13 @@ class CacheServer:
         self.boot = secrets.token_hex(8)
         self.node = cfg.node or socket.gethostname()
         self.runtime_dir = runtime_dir or default_runtime_dir()
-        if cfg.listen.startswith("ipc://"):
-            os.makedirs(os.path.dirname(cfg.listen[len("ipc://"):]) or ".", mode=0o700,
-                        exist_ok=True)
+        folder = auth.ipc_dir(cfg.listen)
+        if folder is not None:  # never a folder another user made or can change
+            auth.secure_dir(folder, strict=cfg.listen == default_listen())
+        self.tenants = Tenants.from_file(cfg.tenants)
+        self.hellos = HelloRate(cfg.limits.hellos_per_s)
+        self.loop_errors = 0
+        self._ns_since: dict[str, float] = {}  # namespace -> since when no session uses it
         self.caches: dict[str, TieredCache] = {}
         self.remotes: dict[str, object] = {}  # namespace -> its RemoteTier (--remote)
         self.layouts: dict[str, dict] = {}
@@ -158,9 +181,21 @@ class CacheServer:
         self._stop = threading.Event()
         self.metrics = ServerMetrics(self)
         self.ctx = zmq.Context()
+        self.gate = auth.Gate(self.ctx, ipc=folder is not None, allow_uids=cfg.allow_uids,
+                              client_keys=auth.load_allowlist(cfg.curve_clients)
+                              if cfg.curve_clients else None, insecure_tcp=cfg.insecure_tcp)
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_FRAME)
+        # a bigger frame is dropped by libzmq as it arrives, before any allocation
+        self.sock.setsockopt(zmq.MAXMSGSIZE, cfg.limits.max_frame or -1)
+        self.sock.zap_domain = auth.DOMAIN
+        if cfg.curve_secret is not None:
+            self.sock.curve_publickey, self.sock.curve_secretkey = \
+                auth.load_secret(cfg.curve_secret)
+            self.sock.curve_server = True
+        elif cfg.insecure_tcp and folder is None:
+            log.warning("saria serve: %s is INSECURE (--insecure-tcp): anyone who reaches it "
+                        "can read and poison the cache", cfg.listen)
         old = os.umask(0o077)  # an ipc:// socket file is created owner-only (0600)
         try:
             self.sock.bind(cfg.listen)
@@ -195,7 +230,7 @@ class CacheServer:
         else:
             log.info("saria serve: SSD off")
         if cfg.metrics_port is not None:
-            self.metrics.serve(cfg.metrics_port)
+            self.metrics.serve(cfg.metrics_port, cfg.metrics_host)
         self._delays = _test_delays()
 
     # ------------------------------------------------------------ the loop
@@ -208,18 +243,27 @@ class CacheServer:
                 if poller.poll(timeout=100):
                     while True:
                         try:
-                            frames = self.sock.recv_multipart(zmq.NOBLOCK)
+                            frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
                             break
-                        self._handle(frames)
-                self._expire(time.monotonic())
-                self._retry_fences()
-                self._publish()
+                        self._guarded(self._handle, frames)
+                self._guarded(self._expire, time.monotonic())
+                self._guarded(self._retry_fences)
+                self._guarded(self._publish)
         finally:
             self.close()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _guarded(self, fn, *args) -> None:
+        """No exception leaves the loop: one client's request, a lease's end
+        or a publish that fails is logged and counted, and the loop goes on."""
+        try:
+            fn(*args)
+        except Exception:
+            self.loop_errors += 1
+            log.exception("saria serve: %s failed (the server goes on)", fn.__name__)
 
     def close(self) -> None:
         for cache in self.caches.values():
@@ -242,6 +286,7 @@ class CacheServer:
             self.publisher.close()
         self.metrics.close()
         self.sock.close(0)
+        self.gate.close()
         self.ctx.term()
 
     def _publish(self) -> None:
@@ -249,29 +294,34 @@ class CacheServer:
         if self.publisher is None:
             return
         for ns, cache in self.caches.items():
-            layout = self.layouts[ns]
+            layout = self.layouts.get(ns)
+            if layout is None:
+                continue
             events = to_wire(cache.take_events(), block_size=layout["block_size"],
                              digest=layout["digest"])
             self.publisher.publish(wire.topic(self.node, layout["model"]), events)
 
-    def _handle(self, frames: list[bytes]) -> None:
+    def _handle(self, frames: list[zmq.Frame]) -> None:
         if len(frames) < 2:
             return  # not a DEALER's message: nothing to answer
-        ident, frame = frames[0], frames[-1]
+        ident, frame = frames[0].bytes, frames[-1]
+        peer = frame.get("User-Id") or ""  # the gate's name for the peer
         t0 = time.perf_counter()
-        op = "?"
+        op, rid = "?", 0
         try:
-            rid, op, sid, args = P.request(frame)
-            reply = {"id": rid, "ok": True, "result": self._call(op, sid, args)}
+            rid, op, sid, args = P.request(frame.bytes, self.cfg.limits.max_frame)
+            reply = {"id": rid, "ok": True, "result": self._call(op, sid, args, peer)}
         except P.RemoteError as e:
-            reply = {"id": P.request_id(frame), "ok": False, "code": e.code, "error": str(e)}
+            reply = {"id": getattr(e, "rid", rid), "ok": False, "code": e.code,
+                     "error": e.detail}
         except P.ProtocolError as e:
-            reply = {"id": P.request_id(frame), "ok": False, "code": "protocol", "error": str(e)}
+            reply = {"id": getattr(e, "rid", rid), "ok": False, "code": "protocol",
+                     "error": str(e)}
         except SariaError as e:
-            reply = {"id": P.request_id(frame), "ok": False, "code": "config", "error": str(e)}
+            reply = {"id": rid, "ok": False, "code": "config", "error": str(e)}
         except Exception as e:  # a bug must not take every engine's cache down with it
             log.exception("saria serve: %s failed", op)
-            reply = {"id": P.request_id(frame), "ok": False, "code": "internal",
+            reply = {"id": rid, "ok": False, "code": "internal",
                      "error": f"{type(e).__name__}: {e}"}
         reply["boot"] = self.boot
         if op in self._delays:
@@ -279,16 +329,24 @@ class CacheServer:
         self.metrics.rpc(op if op in self._ops or op == "batch" else "?",
                          time.perf_counter() - t0, reply["ok"])
         try:
-            self.sock.send_multipart([ident, P.pack(reply)], zmq.NOBLOCK)
+            out = P.pack(reply)
+        except Exception as e:  # a result that does not encode is a bug; say so, one line
+            log.exception("saria serve: the reply to %s does not encode", op)
+            out = P.pack({"id": rid, "ok": False, "code": "internal", "boot": self.boot,
+                          "error": f"reply does not encode: {type(e).__name__}"})
+        try:
+            self.sock.send_multipart([ident, out], zmq.NOBLOCK)
         except zmq.Again:
             pass  # the client is gone or not reading; its lease will expire
 
-    def _batch(self, sid: str | None, args: dict) -> list[dict]:
+    def _batch(self, sid: str | None, args: dict, peer: str) -> list[dict]:
         """Plain calls in order, one result each; a saria error is that call's
         result, anything that escapes (a bug, a malformed call) undoes what
         the earlier calls prepared before the error reply goes out."""
         calls = P.arg(args, "calls", list)
         s = self.sessions.get(sid) if sid is not None else None
+        if s is not None and s.peer != peer:
+            s = None  # not this peer's session: _call refuses each sub-call
         before = self._held(s)
         out = []
         try:
@@ -297,7 +355,7 @@ class CacheServer:
                         and isinstance(call[1], dict)) or call[0] in ("batch", "hello"):
                     raise P.ProtocolError("a batch holds [op, args] pairs of plain calls")
                 try:
-                    out.append({"ok": True, "result": self._call(call[0], sid, call[1])})
+                    out.append({"ok": True, "result": self._call(call[0], sid, call[1], peer)})
                 except (P.RemoteError, P.ProtocolError, SariaError) as e:
                     out.append({"ok": False, "code": getattr(e, "code", "protocol"),
                                 "error": str(e)})
@@ -308,41 +366,43 @@ class CacheServer:
             raise
         return out
 
-    def _call(self, op: str, sid: str | None, args: dict):
+    def _call(self, op: str, sid: str | None, args: dict, peer: str = ""):
         if op == "batch":
-            return self._batch(sid, args)
+            return self._batch(sid, args, peer)
         fn = self._ops.get(op)
         if fn is None:
             raise P.ProtocolError(f"unknown op {op!r}")
-        if op in ("hello", "stats"):
-            return fn(args)
+        if op == "hello":
+            return fn(args, peer)
+        if op == "stats" and sid is None:
+            return fn(None, args, peer)
         if sid is None:
             raise P.RemoteError("session", f"{op} needs a session: say hello first")
         s = self.sessions.get(sid)
-        if s is None:
+        if s is None or s.peer != peer:  # a session is its peer's alone
             raise P.RemoteError("session", "unknown or expired session: say hello again")
         s.expires = time.monotonic() + self.cfg.lease_s
         return fn(s, args)
 
     # ---------------------------------------------------------- sessions
 
-    def _hello(self, args: dict):
+    def _hello(self, args: dict, peer: str = ""):
+        self.hellos.check(peer or "?")  # every hello counts, good or bad
         layout = P.arg(args, "layout", dict)
-        for k in LAYOUT_FIELDS:
-            if k not in layout:
-                raise P.ProtocolError(f"layout lacks {k!r}")
+        # every check before anything is registered: a refused hello changes nothing
+        check_layout(layout, self.cfg.limits, self.cfg.dram_bytes // self.cfg.max_models)
+        engine = P.arg(args, "name", str, "engine")
+        pid = P.arg(args, "pid", int, 0)
+        self._check_sessions(peer)
         slot_bytes = layout["slot_bytes"]
-        if not isinstance(slot_bytes, int) or isinstance(slot_bytes, bool) or slot_bytes <= 0:
-            raise P.ProtocolError("layout 'slot_bytes' must be a positive integer")
-        tp = layout["tp_size"]
-        if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1 or slot_bytes % tp:
-            raise P.ProtocolError("layout 'tp_size' must be a positive integer dividing 'slot_bytes'")
         ns = namespace_of(layout)
         cache = self.caches.get(ns) or self._open(ns, slot_bytes, layout)
         sid = secrets.token_hex(12)
-        engine = str(P.arg(args, "name", str, "engine"))
-        s = Session(sid, ns, engine, int(P.arg(args, "pid", int, 0)),
-                    time.monotonic() + self.cfg.lease_s)
+        tenant = self.tenants.tenant_of(peer)
+        if tenant:
+            engine = f"{tenant}/{engine}"  # figures are kept, and shown, per tenant
+        s = Session(sid, ns, engine, pid, time.monotonic() + self.cfg.lease_s, peer=peer,
+                    tenant=tenant, space=self.tenants.space(tenant))
         s.fence = F.create(f"{self.pools[ns]}-fence-{sid}")
         self.sessions[sid] = s
         log.info("saria serve: session %s for %s (pid %d, DP %s, TP %s) in namespace %s",
@@ -353,6 +413,16 @@ class CacheServer:
                 "slot_bytes": pool.slot_bytes, "staging_slots": cache.backend.staging_slots,
                 "fence": s.fence,
                 "ssd_dirs": list(self._store_dirs(ns))}
+
+    def _check_sessions(self, peer: str) -> None:
+        lim = self.cfg.limits
+        if lim.sessions and len(self.sessions) >= lim.sessions:
+            raise QuotaError(f"this server holds at most {lim.sessions} sessions "
+                             "(--max-sessions)")
+        mine = sum(s.peer == peer for s in self.sessions.values())
+        if lim.sessions_per_peer and mine >= lim.sessions_per_peer:
+            raise QuotaError(f"{peer or 'this peer'} holds {mine} sessions, the most one peer "
+                             "may (--max-sessions-per-peer)")
 
     def _store_dirs(self, ns: str) -> tuple[str, ...]:
         if not (self.cfg.ssd_dirs and self.cfg.ssd_bytes):
@@ -395,10 +465,11 @@ class CacheServer:
         if remote is not None:
             self.remotes[ns] = remote
         os.chmod(pool, 0o600)
+        # the layout entry first: a namespace in `caches` always has one (the publisher reads it)
+        self.layouts[ns] = {"model": layout["model"], "block_size": layout["block_size"],
+                            "digest": _digest(layout)}
         self.pools[ns] = pool
         self.caches[ns] = cache
-        self.layouts[ns] = {"model": str(layout["model"]), "block_size": int(layout["block_size"]),
-                            "digest": _digest(layout)}
         if self.publisher is not None:  # an indexer drops what it knew of this node
             self.publisher.publish(wire.topic(self.node, self.layouts[ns]["model"]),
                                    [wire.Cleared()])
@@ -431,12 +502,56 @@ class CacheServer:
         return True
 
     def _expire(self, now: float) -> None:
+        age = self.cfg.limits.spec_age_s
+        for s in list(self.sessions.values()):
+            if age and s.expires >= now:
+                self._end_old_specs(s, now - age)
         for s in [s for s in self.sessions.values() if s.expires < now]:
             log.warning("saria serve: lease of session %s (%s, pid %d) expired: releasing "
                         "%d loads, %d stores, %d staging slots", s.sid[:8], s.engine, s.pid,
                         len(s.loads), len(s.stores), len(s.staging))
             self.metrics.expired += 1
             self._end(s)
+        self._close_idle(now)
+
+    def _close_idle(self, now: float) -> None:
+        """Closes a namespace no session has used for --namespace-idle
+        seconds (flushed; its SSD blocks are recovered if it opens again), so
+        a layout nobody serves does not keep a --max-models place forever."""
+        idle = self.cfg.limits.namespace_idle_s
+        if not idle:
+            return
+        # a session still being fenced holds slots a worker may be writing
+        used = {s.namespace for s in [*self.sessions.values(), *self.fencing.values()]}
+        for ns in list(self.caches):
+            if ns in used or ns not in self._ns_since:
+                self._ns_since[ns] = now
+            elif now - self._ns_since[ns] >= idle:
+                log.info("saria serve: namespace %s (%s) idle for %g s: closing it", ns,
+                         self.layouts[ns]["model"], idle)
+                self._publish()  # what it holds is announced before it goes
+                cache = self.caches.pop(ns)
+                self.layouts.pop(ns)
+                self._ns_since.pop(ns)
+                try:
+                    cache.flush()
+                finally:
+                    cache.close()
+                    tier = self.remotes.pop(ns, None)
+                    if tier is not None:
+                        tier.close()
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.pools.pop(ns))
+                self.metrics.namespaces_closed += 1
+
+    def _end_old_specs(self, s: Session, before: float) -> None:
+        """Ends the specs `s` prepared before `before` (--max-lock-age): a
+        session's heartbeat keeps the session, never a lock, alive."""
+        for sid in [sid for sid, t in s.held.items() if t < before]:
+            self._drop_spec(s, sid)
+            self.metrics.specs_aged += 1
+            log.warning("saria serve: spec %d of session %s (%s) held past --max-lock-age "
+                        "(%g s): ended", sid, s.sid[:8], s.engine, self.cfg.limits.spec_age_s)
 
     def _end(self, s: Session) -> None:
         """Ends a session: nothing of it is reused before its workers are
@@ -466,21 +581,46 @@ class CacheServer:
         if s.staging:
             cache.release_staging(np.fromiter(s.staging, np.int64))
 
-    def _stats(self, args: dict):
-        return self.metrics.snapshot()
+    def _stats(self, s: Session | None, args: dict, peer: str = ""):
+        """The node's figures for its own tenant (the server's uid over IPC);
+        any other tenant sees, inside its session, its own engines only."""
+        tenant = s.tenant if s is not None else self.tenants.tenant_of(peer)
+        if s is None and tenant:
+            raise P.RemoteError("session", "stats needs a session for a tenant: say hello first")
+        return self.metrics.snapshot(tenant or None)
 
     # --------------------------------------------------------------- verbs
 
     def _cache(self, s: Session) -> TieredCache:
         return self.caches[s.namespace]
 
+    @staticmethod
+    def _keys(s: Session, args: dict, name: str = "keys") -> np.ndarray:
+        """A key argument, in the session's tenant's key space."""
+        return map_keys(s.space, P.keys_arg(args, name))
+
+    def _room_for_spec(self, s: Session) -> None:
+        """Refuses a prepare before it locks anything when the session holds
+        its most specs (--max-specs)."""
+        lim = self.cfg.limits.specs_per_session
+        if lim and len(s.held) >= lim:
+            raise QuotaError(f"this session holds {len(s.held)} loads and stores, the most one "
+                             "may (--max-specs)")
+
+    @staticmethod
+    def _hold(s: Session, table: dict, spec, sid: int) -> int:
+        """Registers a prepared spec under its claimed id, with its age."""
+        table[sid] = spec
+        s.held[sid] = time.monotonic()
+        return sid
+
     def _lookup(self, s: Session, args: dict):
-        plan = self._cache(s).lookup(P.keys_arg(args))
+        plan = self._cache(s).lookup(self._keys(s, args))
         self.metrics.lookup(s, plan)
         return {"num_blocks": plan.num_blocks}
 
     def _touch(self, s: Session, args: dict):
-        keys = P.keys_arg(args)
+        keys = self._keys(s, args)
         hits, at = P.arg(args, "hits", int), P.arg(args, "checkpoint_at", int, 0)
         if not (0 <= hits <= keys.shape[0] and 0 <= at <= keys.shape[0]):
             raise P.ProtocolError("touch: 'hits' and 'checkpoint_at' must lie in [0, len(keys)]")
@@ -503,6 +643,7 @@ class CacheServer:
         """Ends what `rid` holds in session `s`: a load is cancelled, a store
         failed (its slots freed), a take's staging slots released."""
         cache = self._cache(s)
+        s.held.pop(rid, None)
         if (load := s.loads.pop(rid, None)) is not None:
             cache.cancel_load(load)
             return "load"
@@ -538,13 +679,14 @@ class CacheServer:
         time.sleep(seconds)
 
     def _prepare_load(self, s: Session, args: dict):
-        keys = P.keys_arg(args)
+        keys = self._keys(s, args)
         blocks, start = P.arg(args, "blocks", int), P.arg(args, "start", int, 0)
         if not 0 <= start <= blocks <= keys.shape[0]:
             raise P.ProtocolError(f"prepare_load: need 0 <= start <= blocks <= {keys.shape[0]}")
+        self._room_for_spec(s)
         sid = self._claim(s, args)
         spec = self._cache(s).prepare_load(keys, blocks, start=start)
-        s.loads[sid] = spec
+        self._hold(s, s.loads, spec, sid)
         return {"spec": sid, "num_blocks": spec.num_blocks, "start": spec.start,
                 "tiers": spec.tiers, "slots": spec.slots}
 
@@ -554,27 +696,28 @@ class CacheServer:
         if failed is not None and (failed.ndim != 1 or failed.dtype.kind not in "iu" or (
                 failed.size and (failed.min() < spec.start or failed.max() >= spec.num_blocks))):
             raise P.ProtocolError("complete_load: 'failed' must list positions the load read")
-        spec = self._take(s.loads, args)
+        spec = self._take(s.loads, args, s)
         served = self._cache(s).complete_load(
             spec, None if failed is None else failed.astype(np.int64))
         self.metrics.served(s, spec, served)
         return served
 
     def _cancel_load(self, s: Session, args: dict):
-        self._cache(s).cancel_load(self._take(s.loads, args))
+        self._cache(s).cancel_load(self._take(s.loads, args, s))
         return True
 
     def _store_reply(self, s: Session, spec: StoreSpec, sid: int):
-        s.stores[sid] = spec
+        self._hold(s, s.stores, spec, sid)
         return {"spec": sid, "positions": spec.positions, "slots": spec.slots,
                 "direct": spec.direct, "promotion": spec.promotion}
 
     def _prepare_store(self, s: Session, args: dict):
-        keys = P.keys_arg(args)
+        keys = self._keys(s, args)
         start = P.arg(args, "start", int, 0)
         if not 0 <= start <= keys.shape[0]:
             raise P.ProtocolError("prepare_store: 'start' out of range")
         tag, direct = P.arg(args, "tag", int, 0), P.arg(args, "direct", bool, False)
+        self._room_for_spec(s)
         sid = self._claim(s, args)
         spec = self._cache(s).prepare_store(keys, start, session=tag, direct=direct)
         # blocks DRAM could not take go to the SSD through the client's
@@ -585,23 +728,24 @@ class CacheServer:
         return reply
 
     def _prepare_promotion(self, s: Session, args: dict):
-        keys = P.keys_arg(args)
+        keys = self._keys(s, args)
         pos = P.arg(args, "ssd_positions", np.ndarray)
         if pos.ndim != 1 or pos.dtype.kind not in "iu" or (pos.size and (
                 pos.min() < 0 or pos.max() >= keys.shape[0])):
             raise P.ProtocolError("prepare_promotion: 'ssd_positions' must index 'keys'")
         dram_blocks = P.arg(args, "dram_blocks", int)
+        self._room_for_spec(s)
         sid = self._claim(s, args)
         spec = self._cache(s).prepare_promotion(keys, pos.astype(np.int64), dram_blocks)
         return self._store_reply(s, spec, sid)
 
     def _complete_store(self, s: Session, args: dict):
         success = P.arg(args, "success", bool, True)
-        spec = self._take(s.stores, args)
+        spec = self._take(s.stores, args, s)
         return self._cache(s).complete_store(spec, success=success)
 
     def _write_direct(self, s: Session, args: dict):
-        chain = P.keys_arg(args, "chain")
+        chain = self._keys(s, args, "chain")
         pos = P.arg(args, "positions", np.ndarray)
         staging = P.arg(args, "slots", np.ndarray)
         if pos.ndim != 1 or pos.dtype.kind not in "iu" or staging.shape != pos.shape or \
@@ -615,6 +759,13 @@ class CacheServer:
         count = P.arg(args, "count", int)
         if count < 0:
             raise P.ProtocolError("take_staging: 'count' must not be negative")
+        # up to `count`, as in-process -- but never more than the session's share
+        share = max(1, int(self.cfg.limits.staging_per_session
+                           * self._cache(s).backend.staging_slots))
+        if count and len(s.staging) >= share:
+            raise QuotaError(f"take_staging: this session holds {len(s.staging)} staging slots, "
+                             "its whole share (--max-staging-share)")
+        count = min(count, share - len(s.staging))
         rid = self._claim(s, args) if "rid" in args else None
         slots = self._cache(s).take_staging(count)
         s.staging.update(int(x) for x in slots)
@@ -651,8 +802,11 @@ class CacheServer:
         return spec
 
     @staticmethod
-    def _take(table: dict, args: dict):
-        spec = table.pop(P.arg(args, "spec", int), None)
+    def _take(table: dict, args: dict, s: Session | None = None):
+        sid = P.arg(args, "spec", int)
+        spec = table.pop(sid, None)
+        if s is not None:
+            s.held.pop(sid, None)
         if spec is None:
             raise P.RemoteError("session", "no such spec in this session (completed, "
                                 "cancelled, or expired with its lease)")
@@ -719,8 +873,8 @@ def run(cfg: ServerConfig) -> int:
 
     try:  # an ipc bind would silently take the socket of a live server
         live = server_stats(cfg.listen, 0.3)
-    except (ServerUnavailable, P.RemoteError, P.ProtocolError):
-        live = None
+    except (ServerUnavailable, P.RemoteError, P.ProtocolError, ConfigError):
+        live = None  # (a folder that is not ours: CacheServer refuses it, one line)
     if live is not None:
         raise ConfigError("listen", f"a saria serve already answers at {cfg.listen} "
                           f"(boot {live['boot']})")
