@@ -201,6 +201,11 @@ class SariaScheduler:
         local = num_computed_tokens // self.block_size
         limit = (request.num_tokens - 1) // self.block_size  # vLLM must compute >= 1 token
         self.hasher.extend(st.chain, request, limit)
+        if st.load is not None and local < st.load.start:
+            # vLLM's own hit shrank since the load was prepared (its pages were
+            # evicted while the request waited): the blocks in between were not
+            # fetched for it, nor are its failures checked from there -- prepare again.
+            self._cancel(st)
         if st.load is None:
             keys = st.chain.array[:limit]
             plan = self.cache.lookup(keys)
