@@ -276,3 +276,21 @@ def test_promotion_after_prefill_moves_what_the_shared_policy_picks(make_schedul
     assert ssd_pos.tolist() == [p for p in range(6) if 30 + p in ssd_kv]
     picked = replay.prepare_promotion(a, ssd_pos, 6 - ssd_pos.size).positions
     assert picked.size and promo.src_ids == [30 + int(p) for p in picked]
+
+
+def test_a_local_hit_on_blocks_saria_never_stored_is_no_error(make_scheduler):
+    """vLLM caches a block when it allocates it, so a request scheduled later
+    in the same step gets a local hit on blocks another request computes in
+    that step -- blocks saria has not stored (nor will, if the store fails).
+    Recording the access must not fail the engine (found by the whole-stack
+    simulation: ``touch: n_hit=1 exceeds the 0 known blocks``)."""
+    s = make_scheduler()
+    a = fake_request("a", PROMPT)
+    assert s.get_num_new_matched_tokens(a, 0) == (0, False)
+    s.update_state_after_alloc(a, blocks([1, 2, 3, 4, 5, 6]), 0)
+    b = fake_request("b", PROMPT + [7, 7])
+    b.num_computed_tokens = 5 * BS                     # vLLM's own hit on a's blocks
+    assert s.get_num_new_matched_tokens(b, 5 * BS) == (0, False)
+    s.update_state_after_alloc(b, blocks([1, 2, 3, 4, 5, 7]), 0)
+    s.build_connector_meta(new_step(a, [1, 2, 3, 4, 5, 6], 0, a.num_tokens))
+    assert s.cache.lookup(s.reqs["b"].chain.array).num_blocks == 0
