@@ -1,0 +1,385 @@
+"""One simulated node: engines (vLLM double + real saria scheduler + real
+workers per rank), faults, and the checks.
+
+Determinism: the events decide everything; the SSD writer lands writes only
+at ``land`` events (``write_mode="manual"``, forced here through the
+scheduler module's ``CacheConfig`` -- a test-side seam, the connector does
+not expose the mode), the op tracker's deadlines run on the virtual clock,
+the load coordinator is ``serial`` and CPU copies run in the caller. A copy
+made "late" is held in a future that lands at a ``late_land`` event (or when
+someone waits for it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections import Counter
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+import saria.connector.scheduler as sched_mod
+from saria.connector.config import parse_config
+from saria.connector.layout import Geometry
+from saria.connector.meta import Medium, SariaWorkerMetadata
+from saria.connector.ops import OpTracker
+from saria.connector.scheduler import SariaScheduler
+from saria.connector.worker import SariaWorker
+from saria.index import Tier
+from saria.tiers.ssd import slot_bytes_for
+from whole_stack.pages import GARBAGE, page
+from whole_stack.vllm_double import Request, VllmDouble
+
+BS = 4            # tokens per block
+PAGE = 128        # bytes per page (one layer, one rank)
+LAYERS = ("l0", "l1")
+NUM_BLOCKS = 32   # vLLM's KV blocks per engine
+DRAM_SLOTS = 12
+SSD_BLOCKS = 48
+BUDGET = 24       # tokens per step
+OP_TIMEOUT = 20.0
+
+
+class SimFailure(AssertionError):
+    """A broken invariant; ``kind`` names it (shrinking keeps the kind)."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class LateCopy(Future):
+    """A rank's copy that has not run yet; it runs at ``land`` or when waited for."""
+
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def land(self) -> None:
+        if self.done():
+            return
+        try:
+            self._fn()
+            self.set_result(None)
+        except Exception as e:  # noqa: BLE001 -- a failed copy is an op failure
+            self.set_exception(e)
+
+    def result(self, timeout=None):
+        self.land()
+        return super().result(timeout)
+
+    def exception(self, timeout=None):
+        self.land()
+        return super().exception(timeout)
+
+
+class Rank:
+    """One tensor-parallel worker: a real ``SariaWorker`` over CPU KV pages."""
+
+    def __init__(self, engine: "Engine", rank: int) -> None:
+        self.engine = engine
+        self.rank = rank
+        self.geo = dataclasses.replace(engine.geo, tp_rank=rank)
+        self.kv = {n: torch.full((NUM_BLOCKS, PAGE), GARBAGE, dtype=torch.uint8) for n in LAYERS}
+        self.worker = SariaWorker(engine.cfg, engine.vllm_config, self.geo)
+        self.worker.register_kv_caches(self.kv)
+        self.fail = False           # this step's copies fail
+        self.slow_stores = False    # this step's store copies land late
+        self.late: list[LateCopy] = []
+        copier = self.worker.copier
+        real_submit = copier.submit
+
+        def submit(t, layer):
+            if self.fail:
+                f = Future()
+                f.set_exception(OSError("injected copy failure"))
+                return f
+            if self.slow_stores and t.src == Medium.KV:
+                f = LateCopy(lambda: copier.copy(t, layer))
+                self.late.append(f)
+                return f
+            return real_submit(t, layer)
+
+        copier.submit = submit  # instance attribute: this worker only
+
+    def land_late(self) -> None:
+        for f in self.late:
+            f.land()
+        self.late = [f for f in self.late if not f.done()]
+
+    def write_forward(self, layer: int, req: Request, first: int, end: int) -> None:
+        digests = req.digest_chain(BS)
+        pages = self.kv[LAYERS[layer]]
+        for i in range(first, end):
+            pages[req.block_ids[i]] = torch.from_numpy(page(digests[i], self.rank, layer, PAGE).copy())
+
+    def holds(self, layer: int, block: int, digest: bytes) -> bool:
+        return bool(np.array_equal(self.kv[LAYERS[layer]][block].numpy(),
+                                   page(digest, self.rank, layer, PAGE)))
+
+
+class Engine:
+    """vLLM double + saria's scheduler + one worker per rank, on one drive folder."""
+
+    def __init__(self, world: "World", name: str, tp: int, gen: int) -> None:
+        self.world = world
+        self.name = name
+        self.tp = tp
+        self.geo = Geometry(BS, PAGE, LAYERS, tp, 0, NUM_BLOCKS, "torch.uint8", "sim-model", "sim")
+        engine_id = f"sim-{os.getpid()}-{world.tag}-{name}-{gen}"
+        self.vllm_config = SimpleNamespace(
+            kv_transfer_config=SimpleNamespace(engine_id=engine_id),
+            cache_config=SimpleNamespace(prefix_caching_hash_algo="sha256"))
+        self.cfg = parse_config({
+            "dram_bytes": DRAM_SLOTS * self.geo.slot_bytes, "events": False,
+            "ssd_dirs": [os.path.join(world.root, name)], "ssd_bytes": 4096 + SSD_BLOCKS * self.tp * slot_bytes_for(self.geo.rank_bytes),
+            "admission": world.admission, "coordinator": "serial", "op_timeout_s": OP_TIMEOUT,
+            "promotion_min_age_s": 0})
+        self.ranks = [Rank(self, r) for r in range(tp)]  # workers first, as vLLM does
+        self.sched = SariaScheduler(self.cfg, self.vllm_config, self.geo)
+        self.sched.ops = OpTracker(tp, OP_TIMEOUT, clock=world.clock)
+        self.vllm = VllmDouble(self.sched, self._execute, block_size=BS, num_blocks=NUM_BLOCKS,
+                               budget=BUDGET)
+        self.sending = Counter()     # vLLM's aggregator: finished_sending per rank
+        self.lost_acks: set[int] = set()
+        self.ssd_read_fail: set[int] = set()
+        self.bad: dict[str, str] = {}
+        self.closed = False
+
+    @property
+    def cache(self):
+        return self.sched.cache
+
+    def _execute(self, so, before: dict[str, int]):
+        meta = self.sched.build_connector_meta(so)
+        reqs = {rid: self.vllm.requests[rid] for rid in so.num_scheduled_tokens}
+        wmeta = SariaWorkerMetadata()
+        invalid: set[int] = set()
+        finished: list[str] = []
+        for r in self.ranks:
+            w = r.worker
+            if r.rank in self.ssd_read_fail and w.coordinator.reader is not None:
+                w.coordinator.reader._reader().inject_failure(0, "read", "EIO", count=8)
+            if meta.preempted:
+                w.handle_preemptions(meta)
+            w.start_load_kv(meta)
+            for layer, name in enumerate(LAYERS):
+                w.wait_for_layer_load(name)
+                for rid, req in reqs.items():
+                    r.write_forward(layer, req, before[rid] // BS, req.num_computed_tokens // BS)
+                w.save_kv_layer(meta, name)
+            w.wait_for_save(meta)
+            if r.rank in self.ssd_read_fail and w.coordinator.reader is not None:
+                w.coordinator.reader._reader().inject_failure(0, "read", "EIO", count=0)
+            done, _ = w.get_finished(so.finished_req_ids)
+            finished.extend(done or ())
+            invalid |= w.get_block_ids_with_load_errors()
+            m = w.build_worker_meta()
+            if m is not None and r.rank not in self.lost_acks:
+                wmeta = wmeta.aggregate(m)
+        # the attention of this step read every block below each request's
+        # computed tokens: each must hold its own bytes on every rank and layer
+        self.bad = {}
+        for rid, req in reqs.items():
+            digests = req.digest_chain(BS)
+            for i in range(before[rid] // BS):
+                b = req.block_ids[i]
+                wrong = [(r.rank, layer) for r in self.ranks for layer in range(len(LAYERS))
+                         if not r.holds(layer, b, digests[i])]
+                if wrong:
+                    self.bad[rid] = f"block {i} (KV block {b}) of {rid}: ranks/layers {wrong} " \
+                                    f"hold other bytes"
+                    break
+        self.sending.update(finished)
+        done = [rid for rid, n in self.sending.items() if n >= self.tp]
+        for rid in done:
+            del self.sending[rid]
+        for f in (self.ssd_read_fail, self.lost_acks):
+            f.clear()
+        for r in self.ranks:
+            r.fail = r.slow_stores = False
+        return wmeta, done, invalid
+
+    def step(self) -> None:
+        out = self.vllm.step()
+        for rid, why in self.bad.items():
+            if rid not in out["affected"]:
+                raise SimFailure("wrong-kv", f"{self.name}: {why}")
+
+    def acknowledged_ssd(self) -> set[bytes]:
+        d = self.cache.index.dump()
+        on = (d["tiers"] & Tier.SSD.bit) != 0
+        return {bytes(k) for k in d["keys"][on]}
+
+    def close(self, *, crash: bool) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for r in self.ranks:
+            for f in r.late:   # a crashed process's copies end with it
+                if not f.done():
+                    f.set_exception(OSError("process gone"))
+            r.worker.shutdown()
+        if crash:  # no flush: what the writer had not landed is lost
+            self.sched.cache.close()
+        else:
+            self.sched.shutdown()
+
+
+class World:
+    """Engines on one node, driven by a list of events."""
+
+    def __init__(self, *, engines: tuple[int, ...] = (1, 2), admission: str = "full-duplicate",
+                 tag: str = "") -> None:
+        self.clock = Clock()
+        self.admission = admission
+        self.tag = tag or os.urandom(3).hex()
+        self.root = tempfile.mkdtemp(prefix="saria-sim-", dir=os.environ.get("SARIA_SIM_DIR"))
+        self.gens = Counter()
+        self.engines = [self._engine(f"e{i}", tp) for i, tp in enumerate(engines)]
+        self.next_req = 0
+        self.log: list[str] = []
+
+    def _engine(self, name: str, tp: int) -> Engine:
+        self.gens[name] += 1
+        with _manual_writes():
+            return Engine(self, name, tp, self.gens[name])
+
+    # ------------------------------------------------------------- events
+
+    def apply(self, ev: tuple) -> None:
+        kind, e = ev[0], self.engines[ev[1] % len(self.engines)]
+        v = e.vllm
+        if kind == "arrive":
+            _, _, tokens, max_new = ev
+            self.next_req += 1
+            v.add(Request(f"r{self.next_req}", list(tokens), max_new))
+        elif kind == "step":
+            e.step()
+        elif kind == "evict_local":
+            v.pool.evict_cached(ev[2])
+        elif kind == "alloc_fail":
+            v.fail_next_alloc = True
+        elif kind == "preempt" and v.running:
+            v.preempt(v.running[ev[2] % len(v.running)])
+        elif kind == "abort":
+            live = [r for r in v.requests.values() if r.status != "finished"]
+            if live:
+                v.abort(live[ev[2] % len(live)].request_id)
+        elif kind == "rank_fail":
+            e.ranks[ev[2] % e.tp].fail = True
+        elif kind == "rank_slow":
+            e.ranks[ev[2] % e.tp].slow_stores = True
+        elif kind == "late_land":
+            for r in e.ranks:
+                r.land_late()
+        elif kind == "ack_lost":
+            e.lost_acks.add(ev[2] % e.tp)
+        elif kind == "ssd_read_fail":
+            e.ssd_read_fail.add(ev[2] % e.tp)
+        elif kind == "land":
+            e.cache.run_writes(ev[2])
+        elif kind == "land_fail":
+            ssd = e.cache.backend.ssd
+            ssd.inject_failure(0, "write", "EIO", count=1)
+            e.cache.run_writes(1)
+            ssd.inject_failure(0, "write", "EIO", count=0)
+            ssd.revive(0)
+        elif kind == "clock":
+            self.clock.now += ev[2]
+        elif kind == "crash":
+            self.restart(e, crash=True)
+
+    def restart(self, e: Engine, *, crash: bool) -> Engine:
+        """The engine's process ends (crash: unlanded writes lost) and a new one
+        starts on the same drive: every block the SSD acknowledged is found."""
+        kept = e.acknowledged_ssd()
+        e.close(crash=crash)
+        new = self._engine(e.name, e.tp)
+        self.engines[self.engines.index(e)] = new
+        lost = kept - set(new.cache.backend.recovered)
+        if lost:
+            raise SimFailure("ssd-lost", f"{e.name}: {len(lost)} acknowledged SSD blocks not "
+                             "recovered after a restart")
+        return new
+
+    # ------------------------------------------------------------ the end
+
+    def quiesce(self) -> None:
+        """No more faults: every request runs to its end, every late copy lands,
+        every lost ack expires, every write lands."""
+        for e in self.engines:
+            for _ in range(400):
+                for r in e.ranks:
+                    r.land_late()
+                if e.vllm.idle() and len(e.sched.ops) == 0:
+                    break
+                if not (e.vllm.waiting or e.vllm.running):
+                    self.clock.now += OP_TIMEOUT / 4   # only acks can be outstanding
+                e.step()
+            else:
+                raise SimFailure("stuck", f"{e.name}: requests or ops never end "
+                                 f"({len(e.vllm.waiting)} waiting, {len(e.vllm.running)} running, "
+                                 f"{len(e.vllm.delayed_free)} frees delayed, {len(e.sched.ops)} ops)")
+            e.cache.run_writes()
+
+    def check_leaks(self) -> None:
+        for e in self.engines:
+            g = e.cache.gauges()
+            st = e.cache.index.stats()
+            if e.sched.reqs:
+                raise SimFailure("leak", f"{e.name}: scheduler still tracks {sorted(e.sched.reqs)}")
+            used = g["dram_used_slots"] - e.cache.staging_slots  # staging is reserved up front
+            if used != st.resident["DRAM"]:
+                raise SimFailure("leak", f"{e.name}: {used} DRAM slots used outside staging, "
+                                 f"{st.resident['DRAM']} held by the index")
+            held = st.resident["SSD"] + len(e.cache.backend.recovered)
+            if g["ssd_slots"] - g["ssd_free_slots"] != held:
+                raise SimFailure("leak", f"{e.name}: {g['ssd_slots'] - g['ssd_free_slots']} SSD "
+                                 f"slots used, {held} held")
+            n = st.resident["DRAM"]
+            ev = e.cache.index.evict(Tier.DRAM, n)
+            if len(ev) != n:
+                raise SimFailure("leak", f"{e.name}: {n - len(ev)} DRAM blocks still locked")
+            if any(v.block_ids for v in e.vllm.requests.values()):
+                raise SimFailure("leak", f"{e.name}: vLLM blocks never freed")
+
+    def finish(self) -> None:
+        self.quiesce()
+        self.check_leaks()
+        for e in list(self.engines):
+            self.restart(e, crash=False)
+
+    def close(self) -> None:
+        for e in self.engines:
+            try:
+                e.close(crash=True)
+            except Exception:  # noqa: BLE001 -- best effort at teardown
+                pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class _manual_writes:
+    """The SSD writer lands writes only when the schedule says (test seam:
+    the scheduler module's ``CacheConfig`` with ``write_mode="manual"``)."""
+
+    def __enter__(self):
+        self.real = sched_mod.CacheConfig
+        real = self.real
+        sched_mod.CacheConfig = lambda **kw: real(**{**kw, "write_mode": "manual"})
+
+    def __exit__(self, *exc):
+        sched_mod.CacheConfig = self.real
