@@ -74,6 +74,10 @@ class SariaMetadata(KVConnectorMetadata):
     pool_id: tuple[int, int] | None = None
     # with a cache server: the pool file and SSD store directories to map
     server_pool: tuple[str, tuple[str, ...]] | None = None
+    # KV blocks a request attends this step whose load failed and that no
+    # forward has written since: the workers report them as load errors, so
+    # vLLM recomputes them instead of attending to what the pages hold
+    unfilled: list[int] = field(default_factory=list)
 
 
 @dataclass

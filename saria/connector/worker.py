@@ -133,6 +133,7 @@ class SariaWorker:
         self._check_pool(meta)
         self._saved_layers.clear()
         self._delayed.update(meta.delayed)
+        self._load_errors.update(meta.unfilled)
 
     def start_load_kv(self, meta: SariaMetadata) -> None:
         self._begin(meta)
