@@ -21,18 +21,20 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from whole_stack import mutations  # noqa: E402
-from whole_stack.events import draw, run, shrink  # noqa: E402
+from whole_stack.events import SCENARIOS, draw, run, shrink  # noqa: E402
 
 
-def first_failure(seeds, *, events: int, stop: bool = True):
-    """Yields (seed, failure) for failing seeds (only the first with `stop`)."""
+def first_failure(seeds, *, events: int, scenarios, stop: bool = True):
+    """Yields (seed, scenario, events, failure) for failing runs (only the first with `stop`)."""
     for seed in seeds:
-        ev = draw(seed, events)
-        f = run(ev)
-        if f is not None:
-            yield seed, ev, f
-            if stop:
-                return
+        for name in scenarios:
+            sc = SCENARIOS[name]
+            ev = draw(seed, events, engines=len(sc["engines"]), cluster=sc["cluster"])
+            f = run(ev, **sc)
+            if f is not None:
+                yield seed, name, ev, f
+                if stop:
+                    return
 
 
 def main(argv=None) -> int:
@@ -46,23 +48,27 @@ def main(argv=None) -> int:
     ap.add_argument("--mutation-table", action="store_true",
                     help="for each mutation: the first seed that finds it, in how many events")
     ap.add_argument("--all", action="store_true", help="go on past the first failing seed")
+    ap.add_argument("--scenario", action="append", choices=sorted(SCENARIOS),
+                    help="the worlds each seed runs in (default: all)")
     ap.add_argument("--no-shrink", action="store_true")
     args = ap.parse_args(argv)
     logging.disable(logging.ERROR)  # injected faults log errors by design
+    scenarios = args.scenario or list(SCENARIOS)
 
     if args.mutation_table:
         print(f"{'mutation':34} {'found at seed':>14} {'events':>7} {'shrunk':>7}  failure")
         for name in sorted(mutations.MUTATIONS):
             with mutations.applied(name):
                 hit = next(first_failure(range(args.first, args.first + args.seeds),
-                                         events=args.events), None)
+                                         events=args.events, scenarios=scenarios), None)
                 if hit is None:
                     print(f"{name:34} {'not found':>14}")
                     continue
-                seed, ev, f = hit
+                seed, sc, ev, f = hit
                 small = ev[:getattr(f, "at", len(ev) - 1) + 1]
-                small = shrink(small, f.kind) if not args.no_shrink else small
-            print(f"{name:34} {seed:>14} {getattr(f, 'at', len(ev) - 1) + 1:>7} {len(small):>7}  {f.kind}")
+                small = shrink(small, f.kind, **SCENARIOS[sc]) if not args.no_shrink else small
+            print(f"{name:34} {f'{seed} ({sc})':>14} {getattr(f, 'at', len(ev) - 1) + 1:>7} "
+                  f"{len(small):>7}  {f.kind}")
         return 0
 
     ctx = mutations.applied(args.mutation) if args.mutation else _null()
@@ -72,16 +78,17 @@ def main(argv=None) -> int:
         if args.replay:
             with open(args.replay) as fh:
                 ev = ast.literal_eval(fh.read())
-            f = run(ev)
+            f = run(ev, **SCENARIOS[scenarios[0]])
             print(f or "ok")
             return 1 if f else 0
         seeds = [args.seed] if args.seed is not None else range(args.first, args.first + args.seeds)
-        for seed, ev, f in first_failure(seeds, events=args.events, stop=not args.all):
+        for seed, sc, ev, f in first_failure(seeds, events=args.events, scenarios=scenarios,
+                                             stop=not args.all):
             failed += 1
             at = getattr(f, "at", len(ev) - 1)
-            print(f"seed {seed}: {f}\n  (after event {at + 1} of {len(ev)})")
+            print(f"seed {seed} ({sc}): {f}\n  (after event {at + 1} of {len(ev)})", flush=True)
             if not args.no_shrink:
-                small = shrink(ev[:at + 1], f.kind)
+                small = shrink(ev[:at + 1], f.kind, **SCENARIOS[sc])
                 print(f"  minimal event list ({len(small)} events, still {f.kind}):")
                 print("  " + repr(small))
     n = 1 if args.seed is not None else args.seeds

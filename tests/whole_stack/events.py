@@ -17,14 +17,21 @@ WEIGHTS = {
     "rank_fail": 2, "rank_slow": 2, "late_land": 3, "ack_lost": 1, "ssd_read_fail": 3,
     "land": 6, "land_fail": 1, "clock": 2, "crash": 1,
 }
+# what a run's world holds: engines' TP sizes, a cluster tier (shared by the engines)
+SCENARIOS = {
+    "local": {"engines": (1, 2), "cluster": False},
+    "cluster": {"engines": (1, 1, 2), "cluster": True},
+}
+CLUSTER_WEIGHTS = {"publish": 6, "cl_fail_get": 2, "cl_corrupt": 1, "cl_vanish": 1, "cl_late": 1,
+                   "cl_land_late": 2, "cl_down": 1, "cl_up": 2}
 
 
-def draw(seed: int, n: int = 120, engines: int = 2) -> list[tuple]:
+def draw(seed: int, n: int = 120, engines: int = 2, cluster: bool = False) -> list[tuple]:
     """`n` events from `seed`: prompts from three roots with branches (shared prefixes)."""
     rng = random.Random(seed)
     roots = [[r * 100_000 + t for t in range(4 * rng.randint(2, 7) + rng.randint(0, 3))]
              for r in range(3)]
-    kinds, weights = zip(*WEIGHTS.items())
+    kinds, weights = zip(*({**WEIGHTS, **CLUSTER_WEIGHTS} if cluster else WEIGHTS).items())
     out: list[tuple] = []
     for _ in range(n):
         k = rng.choices(kinds, weights)[0]
@@ -41,17 +48,19 @@ def draw(seed: int, n: int = 120, engines: int = 2) -> list[tuple]:
             out.append((k, e, rng.randint(1, 4)))
         elif k == "clock":
             out.append((k, e, rng.choice([1.0, 5.0, 25.0])))
-        elif k in ("preempt", "abort", "rank_fail", "rank_slow", "ack_lost", "ssd_read_fail"):
+        elif k in ("preempt", "abort", "rank_fail", "rank_slow", "ack_lost", "ssd_read_fail",
+                   "cl_fail_get", "cl_corrupt", "cl_vanish"):
             out.append((k, e, rng.randrange(8)))
         else:
             out.append((k, e))
     return out
 
 
-def run(events: list[tuple], *, engines: tuple[int, ...] = (1, 2)) -> SimFailure | None:
+def run(events: list[tuple], *, engines: tuple[int, ...] = (1, 2),
+        cluster: bool = False) -> SimFailure | None:
     """Runs `events`, then drains, checks leaks and restarts; returns the first
     broken invariant (an unexpected exception is one too: kind ``crash:<type>``)."""
-    w = World(engines=engines)
+    w = World(engines=engines, cluster=cluster)
     try:
         for i, ev in enumerate(events):
             try:
@@ -72,7 +81,8 @@ def run(events: list[tuple], *, engines: tuple[int, ...] = (1, 2)) -> SimFailure
     return None
 
 
-def shrink(events: list[tuple], kind: str, *, engines=(1, 2), budget: int = 300) -> list[tuple]:
+def shrink(events: list[tuple], kind: str, *, engines=(1, 2), cluster: bool = False,
+           budget: int = 300) -> list[tuple]:
     """The shortest list found (greedy delta debugging) that still fails with `kind`."""
     cur = list(events)
     tries = 0
@@ -82,7 +92,7 @@ def shrink(events: list[tuple], kind: str, *, engines=(1, 2), budget: int = 300)
         while i < len(cur) and tries < budget:
             cand = cur[:i] + cur[i + chunk:]
             tries += 1
-            f = run(cand, engines=engines)
+            f = run(cand, engines=engines, cluster=cluster)
             if f is not None and f.kind == kind:
                 cur, changed = cand, True
             else:

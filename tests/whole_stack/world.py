@@ -32,6 +32,7 @@ from saria.connector.scheduler import SariaScheduler
 from saria.connector.worker import SariaWorker
 from saria.index import Tier
 from saria.tiers.ssd import slot_bytes_for
+from whole_stack.cluster import FakeCluster
 from whole_stack.pages import GARBAGE, page
 from whole_stack.vllm_double import Request, VllmDouble
 
@@ -147,9 +148,24 @@ class Engine:
             "dram_bytes": DRAM_SLOTS * self.geo.slot_bytes, "events": False,
             "ssd_dirs": [os.path.join(world.root, name)], "ssd_bytes": 4096 + SSD_BLOCKS * self.tp * slot_bytes_for(self.geo.rank_bytes),
             "admission": world.admission, "coordinator": "serial", "op_timeout_s": OP_TIMEOUT,
-            "promotion_min_age_s": 0})
+            "promotion_min_age_s": 0,
+            **({"remote": REMOTE} if world.cluster is not None else {})})
         self.ranks = [Rank(self, r) for r in range(tp)]  # workers first, as vLLM does
-        self.sched = SariaScheduler(self.cfg, self.vllm_config, self.geo)
+        with _fake_cluster(world.cluster):
+            self.sched = SariaScheduler(self.cfg, self.vllm_config, self.geo)
+        if world.cluster is not None:
+            backend = self.sched.cache.backend
+            real_fetch = backend.fetch_remote
+
+            def fetch_remote(keys, slots):
+                # failure 5: a restarted node fetches over the network what its own drive holds
+                mine = [k for k in map(bytes, keys) if k in backend.recovered]
+                if mine:
+                    raise SimFailure("cluster-shadows-ssd", f"{name}: fetching {len(mine)} "
+                                     "blocks from the cluster that its SSD recovered")
+                return real_fetch(keys, slots)
+
+            backend.fetch_remote = fetch_remote
         self.sched.ops = OpTracker(tp, OP_TIMEOUT, clock=world.clock)
         self.vllm = VllmDouble(self.sched, self._execute, block_size=BS, num_blocks=NUM_BLOCKS,
                                budget=BUDGET)
@@ -243,8 +259,9 @@ class World:
     """Engines on one node, driven by a list of events."""
 
     def __init__(self, *, engines: tuple[int, ...] = (1, 2), admission: str = "full-duplicate",
-                 tag: str = "") -> None:
+                 tag: str = "", cluster: bool = False) -> None:
         self.clock = Clock()
+        self.cluster = FakeCluster() if cluster else None
         self.admission = admission
         self.tag = tag or os.urandom(3).hex()
         self.root = tempfile.mkdtemp(prefix="saria-sim-", dir=os.environ.get("SARIA_SIM_DIR"))
@@ -302,6 +319,24 @@ class World:
             self.clock.now += ev[2]
         elif kind == "crash":
             self.restart(e, crash=True)
+        elif self.cluster is None:
+            return
+        elif kind == "publish":
+            e.cache.run_publishes()
+        elif kind == "cl_fail_get":
+            self.cluster.fail_gets += ev[2]
+        elif kind == "cl_corrupt":
+            self.cluster.corrupt(ev[2])
+        elif kind == "cl_vanish":
+            self.cluster.vanish(ev[2])
+        elif kind == "cl_late":
+            self.cluster.late_gets += 1
+        elif kind == "cl_land_late":
+            self.cluster.land_late()
+        elif kind == "cl_down":
+            self.cluster.down = True
+        elif kind == "cl_up":
+            self.cluster.down = False
 
     def restart(self, e: Engine, *, crash: bool) -> Engine:
         """The engine's process ends (crash: unlanded writes lost) and a new one
@@ -321,6 +356,10 @@ class World:
     def quiesce(self) -> None:
         """No more faults: every request runs to its end, every late copy lands,
         every lost ack expires, every write lands."""
+        if self.cluster is not None:
+            self.cluster.down = False
+            self.cluster.fail_gets = self.cluster.late_gets = 0
+            self.cluster.land_late()
         for e in self.engines:
             for _ in range(400):
                 for r in e.ranks:
@@ -364,12 +403,41 @@ class World:
             self.restart(e, crash=False)
 
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.land_late()
         for e in self.engines:
             try:
                 e.close(crash=True)
             except Exception:  # noqa: BLE001 -- best effort at teardown
                 pass
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+REMOTE = {"master": "127.0.0.1:1", "metadata_server": "http://127.0.0.1:1/metadata",
+          "deadline_s": 0.5, "exist_cache_s": 0, "staging_rows": 16, "lane": 2,
+          "breaker_failures": 3, "breaker_cooldown_s": 0.5, "segment_bytes": 0}
+
+
+class _fake_cluster:
+    """The engine's ``RemoteTier`` gets the simulated cluster's client (test
+    seam: ``saria.tiers.remote.RemoteTier``, which the scheduler imports
+    when it builds its cluster tier)."""
+
+    def __init__(self, cluster: FakeCluster | None) -> None:
+        self.cluster = cluster
+
+    def __enter__(self):
+        import saria.tiers.remote as remote
+
+        self.real = remote.RemoteTier
+        if self.cluster is not None:
+            real, cl = self.real, self.cluster
+            remote.RemoteTier = lambda *a, **k: real(*a, client=cl.client(), **k)
+
+    def __exit__(self, *exc):
+        import saria.tiers.remote as remote
+
+        remote.RemoteTier = self.real
 
 
 class _manual_writes:
