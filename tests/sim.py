@@ -29,7 +29,8 @@ def first_failure(seeds, *, events: int, scenarios, stop: bool = True):
     for seed in seeds:
         for name in scenarios:
             sc = SCENARIOS[name]
-            ev = draw(seed, events, engines=len(sc["engines"]), cluster=sc["cluster"])
+            ev = draw(seed, events, engines=len(sc["engines"]), cluster=sc.get("cluster", False),
+                      server=sc.get("server", False))
             f = run(ev, **sc)
             if f is not None:
                 yield seed, name, ev, f

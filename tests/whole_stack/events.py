@@ -21,17 +21,22 @@ WEIGHTS = {
 SCENARIOS = {
     "local": {"engines": (1, 2), "cluster": False},
     "cluster": {"engines": (1, 1, 2), "cluster": True},
+    "server": {"engines": (1, 1, 2), "server": True},
 }
+SERVER_WEIGHTS = {"srv_pause": 2, "srv_resume": 3, "srv_drop": 2, "srv_expire": 1, "srv_kill": 1,
+                  "srv_start": 3}
 CLUSTER_WEIGHTS = {"publish": 6, "cl_fail_get": 2, "cl_corrupt": 1, "cl_vanish": 1, "cl_late": 1,
                    "cl_land_late": 2, "cl_down": 1, "cl_up": 2}
 
 
-def draw(seed: int, n: int = 120, engines: int = 2, cluster: bool = False) -> list[tuple]:
+def draw(seed: int, n: int = 120, engines: int = 2, cluster: bool = False,
+         server: bool = False) -> list[tuple]:
     """`n` events from `seed`: prompts from three roots with branches (shared prefixes)."""
     rng = random.Random(seed)
     roots = [[r * 100_000 + t for t in range(4 * rng.randint(2, 7) + rng.randint(0, 3))]
              for r in range(3)]
-    kinds, weights = zip(*({**WEIGHTS, **CLUSTER_WEIGHTS} if cluster else WEIGHTS).items())
+    kinds, weights = zip(*{**WEIGHTS, **(CLUSTER_WEIGHTS if cluster else {}),
+                           **(SERVER_WEIGHTS if server else {})}.items())
     out: list[tuple] = []
     for _ in range(n):
         k = rng.choices(kinds, weights)[0]
@@ -56,11 +61,11 @@ def draw(seed: int, n: int = 120, engines: int = 2, cluster: bool = False) -> li
     return out
 
 
-def run(events: list[tuple], *, engines: tuple[int, ...] = (1, 2),
-        cluster: bool = False) -> SimFailure | None:
+def run(events: list[tuple], *, engines: tuple[int, ...] = (1, 2), cluster: bool = False,
+        server: bool = False) -> SimFailure | None:
     """Runs `events`, then drains, checks leaks and restarts; returns the first
     broken invariant (an unexpected exception is one too: kind ``crash:<type>``)."""
-    w = World(engines=engines, cluster=cluster)
+    w = World(engines=engines, cluster=cluster, server=server)
     try:
         for i, ev in enumerate(events):
             try:
@@ -81,8 +86,7 @@ def run(events: list[tuple], *, engines: tuple[int, ...] = (1, 2),
     return None
 
 
-def shrink(events: list[tuple], kind: str, *, engines=(1, 2), cluster: bool = False,
-           budget: int = 300) -> list[tuple]:
+def shrink(events: list[tuple], kind: str, *, budget: int = 300, **world) -> list[tuple]:
     """The shortest list found (greedy delta debugging) that still fails with `kind`."""
     cur = list(events)
     tries = 0
@@ -92,7 +96,7 @@ def shrink(events: list[tuple], kind: str, *, engines=(1, 2), cluster: bool = Fa
         while i < len(cur) and tries < budget:
             cand = cur[:i] + cur[i + chunk:]
             tries += 1
-            f = run(cand, engines=engines, cluster=cluster)
+            f = run(cand, **world)
             if f is not None and f.kind == kind:
                 cur, changed = cand, True
             else:

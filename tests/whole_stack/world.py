@@ -16,6 +16,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
+import time
 from collections import Counter
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -30,10 +31,12 @@ from saria.connector.meta import Medium, SariaWorkerMetadata
 from saria.connector.ops import OpTracker
 from saria.connector.scheduler import SariaScheduler
 from saria.connector.worker import SariaWorker
+from saria.errors import ConfigError
 from saria.index import Tier
 from saria.tiers.ssd import slot_bytes_for
 from whole_stack.cluster import FakeCluster
 from whole_stack.pages import GARBAGE, page
+from whole_stack.server import ServerNode
 from whole_stack.vllm_double import Request, VllmDouble
 
 BS = 4            # tokens per block
@@ -96,11 +99,19 @@ class Rank:
         self.geo = dataclasses.replace(engine.geo, tp_rank=rank)
         self.kv = {n: torch.full((NUM_BLOCKS, PAGE), GARBAGE, dtype=torch.uint8) for n in LAYERS}
         self.worker = SariaWorker(engine.cfg, engine.vllm_config, self.geo)
-        self.worker.register_kv_caches(self.kv)
         self.fail = False           # this step's copies fail
         self.slow_stores = False    # this step's store copies land late
         self.late: list[LateCopy] = []
-        copier = self.worker.copier
+        real_attach = self.worker._attach
+
+        def attach():  # a new copier (first step with a server, or its restart): wrap it too
+            real_attach()
+            self._wrap(self.worker.copier)
+
+        self.worker._attach = attach
+        self.worker.register_kv_caches(self.kv)
+
+    def _wrap(self, copier) -> None:
         real_submit = copier.submit
 
         def submit(t, layer):
@@ -143,17 +154,32 @@ class Engine:
         engine_id = f"sim-{os.getpid()}-{world.tag}-{name}-{gen}"
         self.vllm_config = SimpleNamespace(
             kv_transfer_config=SimpleNamespace(engine_id=engine_id),
-            cache_config=SimpleNamespace(prefix_caching_hash_algo="sha256"))
-        self.cfg = parse_config({
+            cache_config=SimpleNamespace(prefix_caching_hash_algo="sha256"),
+            parallel_config=SimpleNamespace(data_parallel_index=0))
+        self.session_name = f"{name}g{gen}-dp0"
+        if world.node is not None:
+            self.cfg = parse_config({
+                "server": world.node.address, "server_timeout_s": SERVER_TIMEOUT,
+                "engine_name": f"{name}g{gen}", "events": False, "coordinator": "serial",
+                "op_timeout_s": OP_TIMEOUT})
+        else:
+            self.cfg = parse_config({
             "dram_bytes": DRAM_SLOTS * self.geo.slot_bytes, "events": False,
             "ssd_dirs": [os.path.join(world.root, name)], "ssd_bytes": 4096 + SSD_BLOCKS * self.tp * slot_bytes_for(self.geo.rank_bytes),
             "admission": world.admission, "coordinator": "serial", "op_timeout_s": OP_TIMEOUT,
             "promotion_min_age_s": 0,
             **({"remote": REMOTE} if world.cluster is not None else {})})
+        self.last_failed = False
         self.ranks = [Rank(self, r) for r in range(tp)]  # workers first, as vLLM does
-        with _fake_cluster(world.cluster):
-            self.sched = SariaScheduler(self.cfg, self.vllm_config, self.geo)
-        if world.cluster is not None:
+        for attempt in range(3):  # a loaded machine may miss the first hello's deadline
+            try:
+                with _fake_cluster(world.cluster):
+                    self.sched = SariaScheduler(self.cfg, self.vllm_config, self.geo)
+                break
+            except ConfigError:
+                if world.node is None or attempt == 2:
+                    raise
+        if world.cluster is not None and world.node is None:
             backend = self.sched.cache.backend
             real_fetch = backend.fetch_remote
 
@@ -177,7 +203,15 @@ class Engine:
 
     @property
     def cache(self):
-        return self.sched.cache
+        """The engine's in-process cache, or the server's cache of its layout."""
+        if self.world.node is None:
+            return self.sched.cache
+        caches = self.world.node.caches()
+        want = self.sched.cache.client.info.get("namespace")
+        for c, ns in zip(caches, self.world.node.server.caches if self.world.node.server else ()):
+            if ns == want:
+                return c
+        return None
 
     def _execute(self, so, before: dict[str, int]):
         meta = self.sched.build_connector_meta(so)
@@ -187,8 +221,9 @@ class Engine:
         finished: list[str] = []
         for r in self.ranks:
             w = r.worker
-            if r.rank in self.ssd_read_fail and w.coordinator.reader is not None:
-                w.coordinator.reader._reader().inject_failure(0, "read", "EIO", count=8)
+            reader = w.coordinator.reader if w.coordinator is not None else None
+            if r.rank in self.ssd_read_fail and reader is not None:
+                reader._reader().inject_failure(0, "read", "EIO", count=8)
             if meta.preempted:
                 w.handle_preemptions(meta)
             w.start_load_kv(meta)
@@ -198,8 +233,9 @@ class Engine:
                     r.write_forward(layer, req, before[rid] // BS, req.num_computed_tokens // BS)
                 w.save_kv_layer(meta, name)
             w.wait_for_save(meta)
-            if r.rank in self.ssd_read_fail and w.coordinator.reader is not None:
-                w.coordinator.reader._reader().inject_failure(0, "read", "EIO", count=0)
+            reader = w.coordinator.reader if w.coordinator is not None else None
+            if r.rank in self.ssd_read_fail and reader is not None:
+                reader._reader().inject_failure(0, "read", "EIO", count=0)
             done, _ = w.get_finished(so.finished_req_ids)
             finished.extend(done or ())
             invalid |= w.get_block_ids_with_load_errors()
@@ -230,12 +266,25 @@ class Engine:
         return wmeta, done, invalid
 
     def step(self) -> None:
+        down = self.world.node is not None and not self.world.node.answering
+        before = getattr(self.sched.cache, "failures", 0)
         out = self.vllm.step()
         for rid, why in self.bad.items():
             if rid not in out["affected"]:
                 raise SimFailure("wrong-kv", f"{self.name}: {why}")
+        if self.world.node is None:
+            return
+        # failure 6: a server that does not answer must cost a step nothing
+        # once the client knows: no call on the step path after a failed step
+        failed = getattr(self.sched.cache, "failures", 0) - before
+        if down and failed > 1 and self.last_failed:
+            raise SimFailure("server-down-stall", f"{self.name}: a step with the server "
+                             f"down waited out {failed} more call deadlines")
+        self.last_failed = down and failed > 0
 
     def acknowledged_ssd(self) -> set[bytes]:
+        if self.world.node is not None:
+            return set()  # the server's drive: checked when the server restarts
         d = self.cache.index.dump()
         on = (d["tiers"] & Tier.SSD.bit) != 0
         return {bytes(k) for k in d["keys"][on]}
@@ -249,7 +298,14 @@ class Engine:
                 if not f.done():
                     f.set_exception(OSError("process gone"))
             r.worker.shutdown()
-        if crash:  # no flush: what the writer had not landed is lost
+        if self.world.node is not None:
+            if crash:  # its session lives on until its lease runs out
+                self.sched.cache.client._closing.set()
+                if self.world.node.server is not None:
+                    self.world.node.server.expire_engines.add(self.session_name)
+            else:
+                self.sched.shutdown()
+        elif crash:  # no flush: what the writer had not landed is lost
             self.sched.cache.close()
         else:
             self.sched.shutdown()
@@ -259,13 +315,20 @@ class World:
     """Engines on one node, driven by a list of events."""
 
     def __init__(self, *, engines: tuple[int, ...] = (1, 2), admission: str = "full-duplicate",
-                 tag: str = "", cluster: bool = False) -> None:
+                 tag: str = "", cluster: bool = False, server: bool = False) -> None:
         self.clock = Clock()
         self.cluster = FakeCluster() if cluster else None
         self.admission = admission
         self.tag = tag or os.urandom(3).hex()
         self.root = tempfile.mkdtemp(prefix="saria-sim-", dir=os.environ.get("SARIA_SIM_DIR"))
+        self.node = None
+        if server:
+            one = 4096 + SSD_BLOCKS * 2 * slot_bytes_for(len(LAYERS) * PAGE)
+            self.node = ServerNode(self.root, dram_bytes=2 * DRAM_SLOTS * 2 * len(LAYERS) * PAGE,
+                                   ssd_bytes=2 * one, admission=admission, max_models=2)
+            self.node.start()
         self.gens = Counter()
+        self.kept_by_server: set[bytes] = set()
         self.engines = [self._engine(f"e{i}", tp) for i, tp in enumerate(engines)]
         self.next_req = 0
         self.log: list[str] = []
@@ -307,6 +370,8 @@ class World:
             e.lost_acks.add(ev[2] % e.tp)
         elif kind == "ssd_read_fail":
             e.ssd_read_fail.add(ev[2] % e.tp)
+        elif kind in ("land", "land_fail") and e.cache is None:
+            return  # the server is down or has not opened this layout yet
         elif kind == "land":
             e.cache.run_writes(ev[2])
         elif kind == "land_fail":
@@ -319,6 +384,9 @@ class World:
             self.clock.now += ev[2]
         elif kind == "crash":
             self.restart(e, crash=True)
+        elif kind.startswith("srv_"):
+            if self.node is not None:
+                self.server_event(kind)
         elif self.cluster is None:
             return
         elif kind == "publish":
@@ -338,11 +406,44 @@ class World:
         elif kind == "cl_up":
             self.cluster.down = False
 
+    def server_event(self, kind: str) -> None:
+        node, srv = self.node, self.node.server
+        if kind == "srv_pause" and srv is not None:
+            srv.gate.clear()
+        elif kind == "srv_resume" and srv is not None:
+            srv.gate.set()
+        elif kind == "srv_drop" and srv is not None:
+            srv.drop_replies += 1
+        elif kind == "srv_expire" and srv is not None:
+            srv.expire_all = True
+        elif kind == "srv_kill" and srv is not None:
+            self.kept_by_server = node.acknowledged_ssd()
+            node.stop(crash=True)
+        elif kind == "srv_start" and srv is None:
+            self.start_server()
+
+    def start_server(self) -> None:
+        """A new server on the same drive: every block its SSD acknowledged is
+        found again once an engine opens the layout."""
+        self.node.start()
+        for e in self.engines:
+            e.sched.cache.gauges()  # the client says hello again: the layout opens
+        lost = self.kept_by_server - self.node.recovered()
+        self.kept_by_server = set()
+        if lost:
+            raise SimFailure("ssd-lost", f"server: {len(lost)} acknowledged SSD blocks not "
+                             "recovered after a restart")
+
     def restart(self, e: Engine, *, crash: bool) -> Engine:
         """The engine's process ends (crash: unlanded writes lost) and a new one
         starts on the same drive: every block the SSD acknowledged is found."""
         kept = e.acknowledged_ssd()
         e.close(crash=crash)
+        if self.node is not None and not self.node.answering:
+            # an engine does not start without its server (a config error): it comes back first
+            if self.node.server is None:
+                self.start_server()
+            self.node.server.gate.set()
         new = self._engine(e.name, e.tp)
         self.engines[self.engines.index(e)] = new
         lost = kept - set(new.cache.backend.recovered)
@@ -360,6 +461,11 @@ class World:
             self.cluster.down = False
             self.cluster.fail_gets = self.cluster.late_gets = 0
             self.cluster.land_late()
+        if self.node is not None:
+            if self.node.server is None:
+                self.start_server()
+            self.node.server.gate.set()
+            self.node.server.drop_replies = 0
         for e in self.engines:
             for _ in range(400):
                 for r in e.ranks:
@@ -373,9 +479,12 @@ class World:
                 raise SimFailure("stuck", f"{e.name}: requests or ops never end "
                                  f"({len(e.vllm.waiting)} waiting, {len(e.vllm.running)} running, "
                                  f"{len(e.vllm.delayed_free)} frees delayed, {len(e.sched.ops)} ops)")
-            e.cache.run_writes()
+            if e.cache is not None:
+                e.cache.run_writes()
 
     def check_leaks(self) -> None:
+        if self.node is not None:
+            return self.check_server_leaks()
         for e in self.engines:
             g = e.cache.gauges()
             st = e.cache.index.stats()
@@ -396,9 +505,29 @@ class World:
             if any(v.block_ids for v in e.vllm.requests.values()):
                 raise SimFailure("leak", f"{e.name}: vLLM blocks never freed")
 
+    def check_server_leaks(self) -> None:
+        time.sleep(0.3)  # a turn of the server's loop: crashed engines' leases run out
+        for e in self.engines:
+            if e.sched.reqs or len(e.sched.ops):
+                raise SimFailure("leak", f"{e.name}: scheduler still tracks requests or ops")
+        held = self.node.held_by_sessions()
+        if held:
+            raise SimFailure("leak", "server: after quiescence " + "; ".join(held))
+        for c in self.node.caches():
+            g = c.gauges()
+            used = g["dram_used_slots"] - c.staging_slots
+            if used != c.index.stats().resident["DRAM"]:
+                raise SimFailure("leak", f"server: {used} DRAM slots used outside staging, "
+                                 f"{c.index.stats().resident['DRAM']} held by the index")
+
     def finish(self) -> None:
         self.quiesce()
         self.check_leaks()
+        if self.node is not None:
+            self.kept_by_server = self.node.acknowledged_ssd()
+            self.node.stop(crash=False)
+            self.start_server()
+            return
         for e in list(self.engines):
             self.restart(e, crash=False)
 
@@ -408,11 +537,16 @@ class World:
         for e in self.engines:
             try:
                 e.close(crash=True)
+                if self.node is not None:
+                    e.sched.cache.close()
             except Exception:  # noqa: BLE001 -- best effort at teardown
                 pass
+        if self.node is not None:
+            self.node.stop(crash=True)
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+SERVER_TIMEOUT = 0.5   # the engines' deadline per server call (seconds, real time)
 REMOTE = {"master": "127.0.0.1:1", "metadata_server": "http://127.0.0.1:1/metadata",
           "deadline_s": 0.5, "exist_cache_s": 0, "staging_rows": 16, "lane": 2,
           "breaker_failures": 3, "breaker_cooldown_s": 0.5, "segment_bytes": 0}
