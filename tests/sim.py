@@ -29,8 +29,8 @@ def first_failure(seeds, *, events: int, scenarios, stop: bool = True):
     for seed in seeds:
         for name in scenarios:
             sc = SCENARIOS[name]
-            ev = draw(seed, events, engines=len(sc["engines"]), cluster=sc.get("cluster", False),
-                      server=sc.get("server", False))
+            ev = draw(seed, events, engines=len(sc["engines"]),
+                      **{k: v for k, v in sc.items() if k != "engines"})
             f = run(ev, **sc)
             if f is not None:
                 yield seed, name, ev, f

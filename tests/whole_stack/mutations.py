@@ -38,8 +38,24 @@ def _readiness_off():
         finally:
             index.__class__ = Ready.__mro__[1]
 
+    from saria.index.radix import RadixIndex
+
+    orig_ready = RadixIndex.set_ready
+
+    def set_ready(self, keys, tier, **kw):  # nothing is filling any more: nothing to mark
+        try:
+            orig_ready(self, keys, tier, **kw)
+        except ValueError:
+            pass
+
     CacheManager._allocate = _allocate
-    return lambda: setattr(CacheManager, "_allocate", orig)
+    RadixIndex.set_ready = set_ready
+
+    def undo():
+        CacheManager._allocate = orig
+        RadixIndex.set_ready = orig_ready
+
+    return undo
 
 
 def _tp_store_first_failure():

@@ -299,8 +299,10 @@ class Engine:
                     f.set_exception(OSError("process gone"))
             r.worker.shutdown()
         if self.world.node is not None:
-            if crash:  # its session lives on until its lease runs out
-                self.sched.cache.client._closing.set()
+            if crash:  # its session lives on until its lease runs out: no bye
+                client = self.sched.cache.client
+                client.session = None
+                client.close()
                 if self.world.node.server is not None:
                     self.world.node.server.expire_engines.add(self.session_name)
             else:
@@ -537,8 +539,6 @@ class World:
         for e in self.engines:
             try:
                 e.close(crash=True)
-                if self.node is not None:
-                    e.sched.cache.close()
             except Exception:  # noqa: BLE001 -- best effort at teardown
                 pass
         if self.node is not None:
