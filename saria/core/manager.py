@@ -45,6 +45,14 @@ Invariants:
 * a ``prepare_*`` call locks the blocks it hands out until its
   ``complete_*`` call; while the core makes room it also locks the request's
   known path, so a request never evicts its own prefix;
+* a spec never names a slot it does not hold locked: a load that ends early
+  (a failed cluster fetch, no DRAM room for one) is cut by ``shorten_load``,
+  which releases only the blocks past the new end -- never unlock-then-relock,
+  which would let a written write-behind victim leave DRAM (its slot reused)
+  while the spec still names it;
+* modules outside the core (the cluster residency, the runtime, the node
+  server, the connector) use its public verbs only, so every invariant here
+  is kept in this file;
 * every SSD write goes through ``_write_blocks`` / ``_write_state``, which
   make room first (SSD victims are evicted leaf-first LRU) and never write a
   block that is on the SSD or on its way there;
@@ -174,6 +182,40 @@ class CacheManager:
         if self.remote is not None:  # cluster-only blocks: fetched into filling DRAM slots
             spec = self.remote.prepare(spec)
         return spec
+
+    def shorten_load(self, spec: LoadSpec, n: int) -> LoadSpec:
+        """The spec's first `n` blocks only: the blocks past them are
+        released (one lock each, as ``complete_load`` would), the first `n`
+        keep the lock they had all along.
+
+        This is where the load invariant is kept: *a spec never names a slot
+        it does not hold locked*. A block is never unlocked and locked again
+        while a spec still hands it out -- in between, a write-behind victim
+        whose SSD write landed (kept in DRAM only for its readers) would
+        leave DRAM and its slot go back to the pool while the spec still
+        names it as a DRAM read."""
+        n = max(0, min(int(n), spec.num_blocks))
+        if n < spec.num_blocks:
+            self._release_tail(spec.path[n:])
+        return LoadSpec(spec.path[:n], min(spec.start, n), spec.tiers[:n], spec.slots[:n],
+                        spec.checkpoint if n == spec.num_blocks else None,
+                        remote=spec.remote[spec.remote < n])
+
+    def reserve_filling(self, path: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """DRAM slots for the blocks ``path[positions]`` (ascending, indexed,
+        with no DRAM copy), for a mover to fill: room is made by evicting
+        anything but `path`, the leading positions win, and each gets a
+        *filling* DRAM copy (no reader sees it until ``complete_fetch``
+        makes it ready). The caller holds `path` locked (a load spec).
+        Returns the slots, one per leading position that got one."""
+        pos = np.asarray(positions, np.int64)
+        room = self._make_room(DRAM, pos.size, None, pin=path) if pos.size else 0
+        pos = pos[:room]
+        if pos.size == 0:
+            return np.zeros(0, np.int64)
+        slots = self.backend.alloc(DRAM, pos.size)
+        self.index.add(path[: int(pos[-1]) + 1], DRAM, slots, where=pos, filling=True)
+        return slots
 
     def complete_fetch(self, spec: LoadSpec, ok: np.ndarray) -> LoadSpec:
         """The mover fetched ``spec.remote``'s blocks from the cluster into
@@ -884,6 +926,16 @@ class CacheManager:
         """Unlocks a spec's path; written blocks a reader of it was still
         holding leave DRAM now (see ``_end_behind``)."""
         self.index.unlock(path)
+        self._settle(path)
+
+    def _release_tail(self, tail: np.ndarray) -> None:
+        """``_unlock`` of a path's deepest blocks only (not a path from the
+        root): one lock each, deepest first, as ``unlock`` orders them."""
+        self.index.release(tail[::-1])
+        self._settle(tail)
+
+    def _settle(self, path: np.ndarray) -> None:
+        """Written victims among `path` that nobody holds now leave DRAM."""
         if not self._linger:
             return
         keys = [k for k in dict.fromkeys(map(bytes, path)) if k in self._linger]

@@ -44,6 +44,10 @@ What it decides:
   local SSD copy unless the policy keeps one (hot blocks); the blocks saved
   are counted (``CacheStats.ssd_writes_skipped_remote``).
 
+It drives the manager through its public verbs only (``reserve_filling``,
+``shorten_load``): the load invariant -- a spec never names a slot it does
+not hold locked -- is kept in ``saria.core.manager``.
+
 A hybrid model's state checkpoints are not published: a cluster tier under a
 hybrid index is refused.
 """
@@ -187,16 +191,14 @@ class RemoteResidency:
         fill = m.index.filling(spec.path)[0]
         busy = np.flatnonzero((fill[pos] & DRAM.bit) != 0)  # another request is storing it
         if busy.size:
-            spec = self._shorten(spec, int(pos[busy[0]]))
+            spec = m.shorten_load(spec, int(pos[busy[0]]))
             pos = pos[:busy[0]]
-        room = m._make_room(DRAM, pos.size, None, pin=spec.path) if pos.size else 0
-        if room < pos.size:
-            spec = self._shorten(spec, int(pos[room]))
-            pos = pos[:room]
+        slots = m.reserve_filling(spec.path, pos)
+        if slots.size < pos.size:
+            spec = m.shorten_load(spec, int(pos[slots.size]))
+            pos = pos[:slots.size]
         if pos.size == 0:
             return spec
-        slots = m.backend.alloc(DRAM, pos.size)
-        m.index.add(spec.path[: int(pos[-1]) + 1], DRAM, slots, where=pos, filling=True)
         spec.slots = spec.slots.copy()
         spec.slots[pos] = slots
         spec.remote = pos
@@ -222,7 +224,7 @@ class RemoteResidency:
             return spec
         m.stats.remote_load_failures += int(bad.size)
         path = spec.path
-        spec = self._shorten(spec, int(bad[0]))  # unlocks the failed ones first
+        spec = m.shorten_load(spec, int(bad[0]))  # releases the failed ones (and past them)
         self.fail(path, bad)
         return spec
 
@@ -234,16 +236,6 @@ class RemoteResidency:
         keys = path[bad]
         m.backend.free(DRAM, m.index.remove(keys, DRAM))
         self.drop(keys)
-
-    def _shorten(self, spec: LoadSpec, n: int) -> LoadSpec:
-        """The spec's first `n` blocks only (the rest unlocked)."""
-        m = self.m
-        m._unlock(spec.path)
-        if n:
-            m.index.lock(spec.path[:n])
-        return LoadSpec(spec.path[:n], min(spec.start, n), spec.tiers[:n], spec.slots[:n],
-                        spec.checkpoint if n == spec.num_blocks else None,
-                        remote=spec.remote[spec.remote < n])
 
     # -------------------------------------------------------- publishing
 

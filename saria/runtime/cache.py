@@ -47,7 +47,7 @@ from saria.policy import make_admission, make_promotion
 from saria.policy.publish import PublishPolicy
 from saria.runtime.backend import TierBackend
 
-DRAM, SSD = Tier.DRAM, Tier.SSD
+DRAM, SSD, REMOTE = Tier.DRAM, Tier.SSD, Tier.REMOTE
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,13 +182,17 @@ class TieredCache:
     # ------------------------------------------------- the core's verbs
 
     def lookup(self, keys: np.ndarray) -> ReloadPlan:
-        """The reload plan of the longest prefix of `keys` held in DRAM or on
-        the SSD, after adopting recovered SSD blocks that extend it."""
+        """The reload plan of the longest prefix of `keys` cached, after
+        adopting recovered SSD blocks that extend what the node holds. The
+        node's own drive comes before the cluster: adoption runs first, so a
+        block the SSD recovered is never looked up (and shadowed) remotely."""
         with self._lock:
+            if self.backend.recovered:
+                self._adopt(keys, self.index.match(keys))
             plan = self.manager.lookup(keys)
-            if self.backend.recovered and plan.num_available < keys.shape[0]:
-                if self._adopt(keys, plan):
-                    plan = self.index.match(keys)
+            # past a block only the cluster holds, recovered blocks continue the prefix
+            if self.backend.recovered and self._adopt(keys, plan):
+                plan = self.index.match(keys)
             return plan
 
     def touch(self, keys: np.ndarray, *, hits: int, checkpoint_at: int = 0) -> int:
@@ -418,16 +422,21 @@ class TieredCache:
                     self.manager.drop_ssd(np.asarray(k, np.uint8).reshape(1, 32))
 
     def _adopt(self, keys: np.ndarray, plan: ReloadPlan) -> bool:
-        """Puts recovered SSD blocks that extend the available prefix of
-        `keys` into the index. Caller holds the lock."""
-        masks = plan.masks
+        """Puts recovered SSD blocks that extend the prefix of `keys` the
+        node holds itself (DRAM, SSD) into the index; a block only the
+        cluster tier holds (a REMOTE copy) takes its SSD copy too. Caller
+        holds the lock."""
+        masks = plan.masks[:plan.num_known] & ~np.uint8(REMOTE.bit)
+        local = int(np.argmin(masks != 0)) if (masks == 0).any() else plan.num_known
         recovered = self.backend.recovered
         pos, handles = [], []
-        for i in range(plan.num_available, keys.shape[0]):
+        for i in range(local, keys.shape[0]):
             if i < plan.num_known and masks[i] & SSD.bit:
                 continue
             h = recovered.pop(bytes(keys[i]), None)
             if h is None:
+                if i < plan.num_known and plan.masks[i] & REMOTE.bit:
+                    continue  # the cluster holds it: the prefix goes on
                 break
             if i < plan.num_known and masks[i]:
                 self.backend.free(SSD, np.array([h], np.int64))  # already cached elsewhere
