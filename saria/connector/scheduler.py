@@ -243,6 +243,13 @@ class SariaScheduler:
             self.counters["expired_ops"] += 1
             self._complete(op, ok=False)
         stores, self._late_stores = self._late_stores, []
+        for rid in getattr(so, "preempted_req_ids", None) or ():
+            st = self.reqs.get(rid)
+            if st is not None and st.direct:
+                # vLLM freed its KV pages: waves not copied yet would read
+                # whatever the pages hold next and write it under these keys
+                self.counters["direct_dropped"] += sum(int(p.size) for _, p in st.direct)
+                st.direct = []
         for nr in so.scheduled_new_reqs:
             st = self.reqs.get(nr.req_id)
             if st is not None:
