@@ -238,9 +238,14 @@ class Engine:
                 reader._reader().inject_failure(0, "read", "EIO", count=0)
             done, _ = w.get_finished(so.finished_req_ids)
             finished.extend(done or ())
-            invalid |= w.get_block_ids_with_load_errors()
+            errors = w.get_block_ids_with_load_errors()
+            invalid |= errors
             m = w.build_worker_meta()
-            if m is not None and r.rank not in self.lost_acks:
+            # a lost ack is one of copies that all went well (a rank whose copies
+            # failed reports it with the load errors vLLM sees: lost, both are)
+            lost = r.rank in self.lost_acks and m is not None and not (m.failed or m.bad_ssd
+                                                                       or errors)
+            if m is not None and not lost:
                 wmeta = wmeta.aggregate(m)
         # the attention of this step read every block below each request's
         # computed tokens: each must hold its own bytes on every rank and layer
