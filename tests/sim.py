@@ -59,17 +59,17 @@ def main(argv=None) -> int:
     if args.mutation_table:
         print(f"{'mutation':34} {'found at seed':>14} {'events':>7} {'shrunk':>7}  failure")
         for name in sorted(mutations.MUTATIONS):
-            with mutations.applied(name):
-                hit = next(first_failure(range(args.first, args.first + args.seeds),
-                                         events=args.events, scenarios=scenarios), None)
-                if hit is None:
-                    print(f"{name:34} {'not found':>14}")
-                    continue
-                seed, sc, ev, f = hit
-                small = ev[:getattr(f, "at", len(ev) - 1) + 1]
-                small = shrink(small, f.kind, **SCENARIOS[sc]) if not args.no_shrink else small
+            hit = _found(name, range(args.first, args.first + args.seeds), args.events, scenarios)
+            if hit is None:
+                print(f"{name:34} {'not found':>14}", flush=True)
+                continue
+            seed, sc, ev, f = hit
+            small = ev[:getattr(f, "at", len(ev) - 1) + 1]
+            if not args.no_shrink:
+                with mutations.applied(name):
+                    small = shrink(small, f.kind, **SCENARIOS[sc])
             print(f"{name:34} {f'{seed} ({sc})':>14} {getattr(f, 'at', len(ev) - 1) + 1:>7} "
-                  f"{len(small):>7}  {f.kind}")
+                  f"{len(small):>7}  {f.kind}", flush=True)
         return 0
 
     ctx = mutations.applied(args.mutation) if args.mutation else _null()
@@ -95,6 +95,20 @@ def main(argv=None) -> int:
     n = 1 if args.seed is not None else args.seeds
     print(f"{n} seed(s), {failed} failing, {time.perf_counter() - t0:.1f} s")
     return 1 if failed else 0
+
+
+def _found(name: str, seeds, events: int, scenarios):
+    """The first run that fails with mutation `name` and passes without it."""
+    for seed in seeds:
+        for sc in scenarios:
+            kw = SCENARIOS[sc]
+            ev = draw(seed, events, engines=len(kw["engines"]),
+                      **{k: v for k, v in kw.items() if k != "engines"})
+            with mutations.applied(name):
+                f = run(ev, **kw)
+            if f is not None and run(ev, **kw) is None:
+                return seed, sc, ev, f
+    return None
 
 
 class _null:
