@@ -170,6 +170,44 @@ def test_every_rank_must_ack_and_one_failure_fails_the_op(make_scheduler):
     assert s.cache.gauges()["dram_used_slots"] == 0
 
 
+def test_a_failed_rank_does_not_free_slots_another_rank_still_writes(make_scheduler):
+    """Rank 0's copy fails first: the op waits for rank 1, whose asynchronous
+    copy may still be writing into the DRAM slots -- they stay held until it
+    reports, and only then is the store failed and its slots freed."""
+    s = make_scheduler(tp=2)
+    _, meta = serve(s, fake_request("a", PROMPT), [1, 2, 3, 4, 5, 6], ack=False)
+    op = meta.stores[0].op_id
+    s.update_connector_output(acks(failed={op: 1}))
+    assert len(s.ops) == 1 and s.counters["store_failures"] == 0
+    assert s.cache.gauges()["dram_used_slots"] == 5             # rank 1 may still write there
+    # a store of another prefix cannot be handed those slots
+    other = fake_request("b", list(range(9000, 9000 + 32 * BS + 1)))
+    _, meta_b = serve(s, other, list(range(10, 43)), ack=False)
+    assert not set(meta_b.stores[0].dst_ids) & set(meta.stores[0].dst_ids)
+    s.update_connector_output(acks({op: 1}))                      # rank 1 done
+    assert len(s.ops) == 1 and s.counters["store_failures"] == 1  # (b's op is left)
+    assert s.cache.lookup(s.reqs["a"].chain.array).num_blocks == 0
+
+
+def test_a_store_past_its_deadline_is_quarantined_until_its_last_report(make_scheduler):
+    s = make_scheduler(tp=2)
+    clock = Clock()
+    s.ops = OpTracker(2, timeout_s=30.0, clock=clock)
+    _, meta = serve(s, fake_request("a", PROMPT), [1, 2, 3, 4, 5, 6], ack=False)
+    op = meta.stores[0].op_id
+    s.update_connector_output(acks({op: 1}))
+    clock.now = 31.0
+    s.build_connector_meta(new_step(fake_request("x", []), [], 0, 0))
+    s.build_connector_meta(new_step(fake_request("y", []), [], 0, 0))
+    assert s.counters["expired_ops"] == 1
+    assert s.cache.gauges()["dram_used_slots"] == 5               # not reusable: rank 1 unfenced
+    assert s.ops.quarantined() == 1
+    assert s.cache.lookup(s.reqs["a"].chain.array).num_blocks == 0  # and never readable
+    s.update_connector_output(acks({op: 1}))                      # rank 1, late
+    assert len(s.ops) == 0 and s.counters["store_failures"] == 1
+    assert s.cache.gauges()["dram_used_slots"] == 0
+
+
 def test_a_lost_ack_cannot_pin_blocks_forever(make_scheduler):
     s = make_scheduler()
     clock = Clock()

@@ -92,6 +92,14 @@ def store(client: RemoteCache, keys: np.ndarray) -> int:
     return client.complete_store(spec)
 
 
+def wait_for(cond, limit_s: float = 20.0) -> None:
+    """Polls `cond` until it holds (a bound for a hung test, not a timing)."""
+    deadline = time.monotonic() + limit_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
 # ------------------------------------------------------------ sharing
 
 
@@ -227,6 +235,7 @@ def test_server_restart_engines_recompute_then_reconnect_and_find_the_ssd(tmp_pa
     assert os.path.exists(old_pool)       # a killed server cannot clean up ...
     srv.start()
     assert not os.path.exists(old_pool)   # ... its successor removes the dead one's pool
+    wait_for(lambda: not c.breaker.is_open)  # the heartbeat's probe finds it back
     boot = c.boot
     plan = c.lookup(keys)                 # a new session on the new server
     assert c.boot != boot and c.reconnects >= 1

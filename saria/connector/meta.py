@@ -21,7 +21,13 @@ Invariants:
   then may admission read the slots (an SSD write);
 * an SSD block that fails its read (I/O, checksum, wrong key) is reported by
   handle: its KV block goes to vLLM as invalid (recomputed) and the scheduler
-  drops the copy from the SSD tier.
+  drops the copy from the SSD tier;
+* with a cache server, a transfer names the server boot and session its
+  slots belong to (``epoch``); a worker whose mapped pool is another boot's
+  (the server restarted between the prepare and the copy), whose session is
+  another, that cannot map the pool, or whose session the server fenced
+  (``saria.serve.fence``), fails the op: loads are recomputed, stores
+  dropped. Workers hold the session's fence while copies are in flight.
 """
 
 from __future__ import annotations
@@ -52,6 +58,10 @@ class Transfer:
     src_ids: list[int]
     dst_ids: list[int]
     keys: bytes = b""
+    # the server boot and session whose slots these are ("" in-process): a
+    # worker runs a transfer only in that session, never a restarted server's
+    # or an ended session's
+    epoch: str = ""
 
     @property
     def kind(self) -> tuple[Medium, Medium]:
@@ -74,6 +84,10 @@ class SariaMetadata(KVConnectorMetadata):
     pool_id: tuple[int, int] | None = None
     # with a cache server: the pool file and SSD store directories to map
     server_pool: tuple[str, tuple[str, ...]] | None = None
+    # with a cache server: its boot and this engine's session ("boot/session"),
+    # whose slots the step may use, and the session's fence file
+    server_epoch: str = ""
+    server_fence: str = ""
     # KV blocks a request attends this step whose load failed and that no
     # forward has written since: the workers report them as load errors, so
     # vLLM recomputes them instead of attending to what the pages hold

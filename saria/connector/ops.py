@@ -2,15 +2,22 @@
 
 An op is one load or one store the workers carry out between their KV pages
 and DRAM slots; the cache keeps its blocks locked until the op completes.
-Every tensor-parallel rank copies its own share of each page, so an op is
-done only when all ``world`` workers acked it; one failed ack fails it.
+Every tensor-parallel rank copies its own share of each page, so an op
+ends only when all ``world`` workers reported it; one failed report fails
+it, but the op still waits for the others. NOTE: ending a store op at its
+first failed rank would let the cache free its DRAM slots while the other
+ranks' asynchronous copies still write into them (a slot then reused by
+another store or a cluster fetch would hold a mix of two blocks).
 
-A lost ack would pin the op's blocks forever, so every op has a deadline:
-past it, ``expired`` hands the op back to be completed as failed. The
-deadline is long (``op_timeout_s``, minutes): a worker that still copies
-into a slot after its op was failed could write into a reused slot, so the
-deadline must be far beyond any real copy -- it exists for acks that never
-come, not for slow copies.
+A lost ack would pin the op's blocks forever, so every op has a deadline.
+Past it, ``expired`` hands a *load* back to be completed as failed (its
+copies read the slots into KV pages the request no longer trusts). A *store*
+past its deadline has ranks that may still be writing into its slots and
+that nothing here can fence, so it is quarantined instead: it stays in the
+ledger (its slots held, never reused), ``expired`` hands it back once so the
+caller can say so, and it ends when its last report arrives, however late.
+The deadline is long (``op_timeout_s``, minutes): it exists for acks that
+never come, not for slow copies.
 """
 
 from __future__ import annotations
@@ -29,7 +36,14 @@ class PendingOp:
     spec: Any          # the cache's LoadSpec or StoreSpec
     deadline: float
     acks: int = 0
+    failed: int = 0    # ranks that reported a failure
+    quarantined: bool = False  # a store past its deadline: waits for its last report
     bad: list = field(default_factory=list)  # SSD handles a worker could not read (loads)
+
+    @property
+    def ok(self) -> bool:
+        """Every rank that reported succeeded (and the op was not quarantined)."""
+        return self.failed == 0 and not self.quarantined
 
 
 class OpTracker:
@@ -54,27 +68,37 @@ class OpTracker:
 
     def ack(self, op_id: int, *, ok: bool, count: int = 1, bad=()) -> PendingOp | None:
         """Records `count` workers' result for an op (with the SSD handles
-        they could not read); returns the op once it is finished (every
-        worker ok, or any one failed), else None. Acks for unknown ops
-        (already failed, or expired) are ignored."""
+        they could not read); returns the op once every worker reported it
+        (``op.ok``: none failed), else None. Acks for unknown ops (expired
+        loads) are ignored."""
         op = self._ops.get(op_id)
         if op is None:
             return None
-        if not ok:
-            return self._ops.pop(op_id)
-        op.bad.extend(h for h in bad if h not in op.bad)
-        op.acks += count
-        if op.acks >= self.world:
+        if ok:
+            op.bad.extend(h for h in bad if h not in op.bad)
+            op.acks += count
+        else:
+            op.failed += count
+        if op.acks + op.failed >= self.world:
             return self._ops.pop(op_id)
         return None
 
     def expired(self) -> list[PendingOp]:
-        """Ops past their deadline, removed from the ledger (complete them as failed)."""
+        """Ops past their deadline, each handed back once: loads leave the
+        ledger (complete them as failed); stores stay in it, quarantined
+        (``op.quarantined``: keep their slots until ``ack`` ends them)."""
         now = self._clock()
-        late = [op for op in self._ops.values() if op.deadline <= now]
+        late = [op for op in self._ops.values() if op.deadline <= now and not op.quarantined]
         for op in late:
-            del self._ops[op.op_id]
+            if op.kind == "store":
+                op.quarantined = True
+            else:
+                del self._ops[op.op_id]
         return late
+
+    def quarantined(self) -> int:
+        """Store ops past their deadline still waiting for a rank's report."""
+        return sum(op.quarantined for op in self._ops.values())
 
     def stores_pending(self, req_id: str) -> bool:
         return any(op.kind == "store" and op.req_id == req_id for op in self._ops.values())

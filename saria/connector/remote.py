@@ -5,8 +5,10 @@
 failure rule: the server is an accelerator, never a dependency. A call that
 misses its deadline or that the server refuses is a miss (lookups find
 nothing, stores store nothing, completions are dropped) -- the engine
-recomputes and keeps serving; the next call tries again, and the client says
-hello by itself once the server is back (a new boot: new pool, new session).
+recomputes and keeps serving. A missed deadline opens the client's breaker:
+no call leaves the engine's step until a background probe gets a reply
+(figures come from the last answer meanwhile); the client then says hello by
+itself if the server restarted (a new boot: new pool, new session).
 
 Counters are this engine's view (``stats``: hits it was served, blocks it
 stored); the server's own endpoint has the node's figures. KV events are not
@@ -23,7 +25,8 @@ import numpy as np
 
 from saria.core import CacheStats
 from saria.errors import SariaError
-from saria.serve.client import RemoteCache, RemoteLoadSpec, RemotePlan, RemoteStoreSpec
+from saria.serve.client import (RemoteCache, RemoteLoadSpec, RemotePlan, RemoteStoreSpec,
+                                ServerUnavailable)
 
 log = logging.getLogger("saria.connector")
 
@@ -49,6 +52,7 @@ class ServerCache:
                                   timeout_s=cfg.server_timeout_s)
         self.stats = CacheStats()
         self.failures = 0
+        self._gauges: dict[str, float] = {}  # the last answer: figures while the server is down
         self._last_warning = 0.0
 
     # --------------------------------------------------------- what workers map
@@ -56,6 +60,11 @@ class ServerCache:
     @property
     def pool_path(self) -> str | None:
         return self.client.info.get("pool")
+
+    @property
+    def fence_path(self) -> str:
+        """The session's fence file its workers hold while copying (saria.serve.fence)."""
+        return self.client.info.get("fence", "")
 
     @property
     def ssd_dirs(self) -> tuple[str, ...]:
@@ -117,7 +126,10 @@ class ServerCache:
         return []
 
     def gauges(self) -> dict[str, float]:
-        return self._guard(self.client.gauges, {})
+        g = self._guard(self.client.gauges, None)
+        if g is not None:
+            self._gauges = g
+        return dict(self._gauges)
 
     def flush(self) -> None:
         self._guard(self.client.flush, None)
@@ -130,6 +142,9 @@ class ServerCache:
     def _guard(self, fn, default, *args, **kw):
         try:
             return fn(*args, **kw)
+        except ServerUnavailable:  # the client's breaker logs its opening and closing
+            self.failures += 1
+            return default
         except SariaError as e:  # ServerUnavailable, RemoteError, ProtocolError
             self.failures += 1
             now = time.monotonic()

@@ -238,9 +238,14 @@ class SariaScheduler:
 
     def build_connector_meta(self, so) -> SariaMetadata:
         for op in self.ops.expired():
-            log.error("saria: %s op %d of request %s got no ack from every worker in %.0f s; "
-                      "failing it", op.kind, op.op_id, op.req_id, self.ops.timeout_s)
             self.counters["expired_ops"] += 1
+            if op.quarantined:  # a rank may still write into its slots: keep them
+                log.error("saria: store op %d of request %s got no report from every worker "
+                          "in %.0f s; its DRAM slots stay held until the last one reports",
+                          op.op_id, op.req_id, self.ops.timeout_s)
+                continue
+            log.error("saria: load op %d of request %s got no ack from every worker in %.0f s; "
+                      "failing it", op.op_id, op.req_id, self.ops.timeout_s)
             self._complete(op, ok=False)
         stores, self._late_stores = self._late_stores, []
         for rid in getattr(so, "preempted_req_ids", None) or ():
@@ -272,6 +277,7 @@ class SariaScheduler:
         meta = SariaMetadata(loads=self._loads, stores=stores, delayed=self._delayed,
                              preempted=sorted(getattr(so, "preempted_req_ids", None) or ()),
                              pool_id=self.pool_id, server_pool=self._server_pool(),
+                             server_epoch=self._epoch(), server_fence=self._fence(),
                              unfilled=self._attended_unfilled(so))
         self._loads, self._delayed = [], []
         return meta
@@ -280,15 +286,16 @@ class SariaScheduler:
         wm = getattr(out, "kv_connector_worker_meta", None)
         if not isinstance(wm, SariaWorkerMetadata):
             return
+        # an op ends once every rank reported it, failed or not (see ``OpTracker``)
         for op_id, n in wm.failed.items():
             op = self.ops.ack(op_id, ok=False, count=n)
             if op is not None:
-                self._complete(op, ok=False)
+                self._complete(op, ok=op.ok)
         for op_id, n in wm.done.items():
             bad = wm.bad_ssd.get(op_id, ())
             op = self.ops.ack(op_id, ok=True, count=n, bad=bad)
             if op is not None:
-                self._complete(op, ok=True)
+                self._complete(op, ok=op.ok)
 
     def request_finished(self, request, block_ids) -> tuple[bool, None]:
         rid = request.request_id
@@ -325,6 +332,17 @@ class SariaScheduler:
         if self.cfg.server is None or self.cache.pool_path is None:
             return None
         return self.cache.pool_path, self.cache.ssd_dirs
+
+    def _epoch(self) -> str:
+        """The cache server's boot and this engine's session there, whose pool
+        and slots the workers may use now ("" in-process)."""
+        if self.cfg.server is None:
+            return ""
+        c = self.cache.client
+        return f"{c.boot}/{c.session}" if c.boot and c.session else ""
+
+    def _fence(self) -> str:
+        return self.cache.fence_path if self.cfg.server is not None else ""
 
     def take_events(self):
         from saria.connector.events import to_vllm_events
@@ -376,7 +394,8 @@ class SariaScheduler:
                 continue
             keys = spec.path[p].tobytes() if medium == Medium.SSD else b""
             self._loads.append(Transfer(op_id, rid, medium, Medium.KV, spec.slots[p].tolist(),
-                                        [st.block_ids[i] for i in p], keys))
+                                        [st.block_ids[i] for i in p], keys,
+                                        epoch=_epoch_of(spec)))
         self.counters["load_ops"] += 1
 
     def _plan_store(self, st: _Req, rid: str, done_tokens: int, out: list[Transfer]) -> None:
@@ -396,7 +415,8 @@ class SariaScheduler:
                 pos = spec.positions.tolist()
                 op_id = self.ops.start("store", rid, spec)
                 out.append(Transfer(op_id, rid, Medium.KV, Medium.DRAM,
-                                    [st.block_ids[p] for p in pos], spec.slots.tolist()))
+                                    [st.block_ids[p] for p in pos], spec.slots.tolist(),
+                                    epoch=_epoch_of(spec)))
                 self.counters["store_ops"] += 1
                 if self.cfg.events:
                     self._remember_tokens(st, pos)
@@ -411,6 +431,7 @@ class SariaScheduler:
             while st.direct:
                 chain, pos = st.direct[0]
                 slots = self.cache.take_staging(pos.size)
+                epoch = self._epoch()  # the boot whose staging slots these are
                 if slots.size == 0:
                     return  # staging full: later steps go on
                 wave, rest = pos[:slots.size], pos[slots.size:]
@@ -419,7 +440,8 @@ class SariaScheduler:
                     st.direct.pop(0)
                 op_id = self.ops.start("store", rid, _Wave(chain, wave, slots))
                 out.append(Transfer(op_id, rid, Medium.KV, Medium.DRAM,
-                                    [st.block_ids[p] for p in wave.tolist()], slots.tolist()))
+                                    [st.block_ids[p] for p in wave.tolist()], slots.tolist(),
+                                    epoch=epoch))
                 self.counters["direct_ops"] += 1
             if rid in self._draining:
                 del self._draining[rid]
@@ -439,7 +461,7 @@ class SariaScheduler:
         op_id = self.ops.start("store", rid, spec)
         out.append(Transfer(op_id, rid, Medium.KV, Medium.DRAM,
                             [st.block_ids[p] for p in spec.positions.tolist()],
-                            spec.slots.tolist()))
+                            spec.slots.tolist(), epoch=_epoch_of(spec)))
         self.counters["promotion_ops"] += 1
 
     def _remember_tokens(self, st: _Req, positions: list[int]) -> None:
@@ -533,6 +555,13 @@ class SariaScheduler:
         if st.load is not None:
             self.cache.cancel_load(st.load)
             st.load = None
+
+
+def _epoch_of(spec) -> str:
+    """The server boot and session a spec's slots belong to ("" for the
+    in-process cache's): the session's end frees them."""
+    boot, session = getattr(spec, "boot", ""), getattr(spec, "session", "")
+    return f"{boot}/{session}" if boot else ""
 
 
 def _max_blocks(cfg: ConnectorConfig, geo: Geometry) -> int:

@@ -41,7 +41,8 @@ HELP = {
     "direct_ops": "write-through copies of blocks DRAM did not keep, through staging slots",
     "direct_dropped": "blocks of failed write-through copies (not written)",
     "delayed_frees": "finished requests whose block free waited for a store copy",
-    "expired_ops": "copies failed because not every worker acked them in op_timeout_s",
+    "expired_ops": "copies not reported by every worker in op_timeout_s (loads failed, "
+                   "stores quarantined until their last report)",
     "bytes_loaded_dram": "bytes the workers copied from the DRAM pool into the KV cache",
     "bytes_loaded_ssd": "bytes the workers read from the SSD for the KV cache",
     "load_dram_us": "microseconds the workers spent copying loads from DRAM",

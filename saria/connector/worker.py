@@ -35,6 +35,7 @@ from saria.connector.meta import SariaMetadata, SariaWorkerMetadata, Transfer
 from saria.connector.movers import DRAM_TO_KV, SSD_TO_KV, PageCopier, SsdPageReader
 from saria.connector.pages import KVPages
 from saria.connector.stats import Deltas
+from saria.serve.fence import WorkerFence
 from saria.tiers.dram import DramPool
 
 log = logging.getLogger("saria.connector")
@@ -73,6 +74,8 @@ class SariaWorker:
         self.pool = None if cfg.server else open_shared_pool(cfg, vllm_config, geo)
         self.ssd_dirs = () if cfg.server else cfg.store_dirs(geo)
         self._server_pool: tuple[str, tuple[str, ...]] | None = None
+        self._stale: set[int] = set()  # this step's ops no copy may run for
+        self._fence = WorkerFence()    # held while copies of a server session are in flight
         self._pages: KVPages | None = None
         self.copier: PageCopier | None = None
         self.coordinator: LoadCoordinator | None = None
@@ -134,16 +137,43 @@ class SariaWorker:
         self._saved_layers.clear()
         self._delayed.update(meta.delayed)
         self._load_errors.update(meta.unfilled)
+        self._fail_stale(meta)
+
+    def _fail_stale(self, meta: SariaMetadata) -> None:
+        """Fails, without a copy, every transfer of the step whose slots the
+        worker may not use: another server boot's or session's (a restart or
+        a lease that ran out between the prepare and this step: those slots
+        now hold other blocks), any when the server's pool could not be
+        mapped, and any when the session's fence is gone (the server ended
+        it). The rest run under the fence, held until no copy is in flight.
+        A load's KV blocks go to vLLM as load errors (recomputed); a store
+        is reported failed."""
+        ops = meta.loads + meta.stores
+        self._stale = {t.op_id for t in ops
+                       if self.copier is None or t.epoch != meta.server_epoch}
+        if len(self._stale) < len(ops) and not self._fence.hold(meta.server_fence):
+            self._stale = {t.op_id for t in ops}
+        if not self._stale:
+            return
+        log.warning("saria: %d op(s) name slots this worker may no longer use (the cache "
+                    "server restarted, is gone, or ended the session): failing them",
+                    len(self._stale))
+        for t in meta.loads:
+            if t.op_id in self._stale:
+                self._load_errors.update(t.dst_ids)
+        for op_id in self._stale:
+            self._done.failed[op_id] += 1
 
     def start_load_kv(self, meta: SariaMetadata) -> None:
         self._begin(meta)
-        if not meta.loads:
+        loads = [t for t in meta.loads if t.op_id not in self._stale]
+        if not loads:
             return
-        dram = [t for t in meta.loads if t.kind == DRAM_TO_KV]
-        ssd = [t for t in meta.loads if t.kind == SSD_TO_KV]
+        dram = [t for t in loads if t.kind == DRAM_TO_KV]
+        ssd = [t for t in loads if t.kind == SSD_TO_KV]
         if ssd and self.coordinator.reader is None:
             raise RuntimeError("saria: the scheduler sent SSD reads to a worker with no SSD tier")
-        self._loads = list(meta.loads)
+        self._loads = loads
         self._step = self.coordinator.run(dram, ssd)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -206,14 +236,23 @@ class SariaWorker:
 
     def _map_server_pool(self, server_pool: tuple[str, tuple[str, ...]]) -> None:
         """Maps the cache server's pool (at the first step, and again after
-        the server restarted with a new one); copies of the old pool's ops
-        were voided by the server's restart."""
+        the server restarted with a new one); ops of the old pool's boot are
+        failed, never run against the new one (``_fail_stale``). A pool file
+        that is gone (the server stopped or restarted since the scheduler
+        named it) leaves nothing mapped: the step's ops fail, vLLM
+        recomputes, and the next step's metadata is tried again."""
         path, dirs = server_pool
         if self.copier is not None:
             self.shutdown_movers()
-        size = os.path.getsize(path)
-        self.pool = DramPool(size // self.geo.slot_bytes, self.geo.slot_bytes, shared=path,
-                             prefault=False)
+        self.copier, self.coordinator, self._server_pool = None, None, None
+        try:
+            size = os.path.getsize(path)
+            self.pool = DramPool(size // self.geo.slot_bytes, self.geo.slot_bytes, shared=path,
+                                 prefault=False)
+        except (FileNotFoundError, OSError) as e:
+            log.warning("saria: cannot map the cache server's pool %s (%s); this step's "
+                        "copies fail and vLLM recomputes", path, e)
+            return
         self.ssd_dirs = tuple(dirs)
         self._server_pool = server_pool
         self._attach()
@@ -233,6 +272,8 @@ class SariaWorker:
             return
         self._saved_layers.add(layer)
         for t in self._meta.stores:
+            if t.op_id in self._stale:
+                continue  # failed at the step's start (another pool's slots)
             f = self.copier.submit(t, layer)
             self._pending.setdefault(t.op_id, (t, []))[1].append(f)
 
@@ -243,6 +284,12 @@ class SariaWorker:
             del self._pending[op_id]
             if self._report(t.op_id, futs, "storing"):
                 self.bytes_stored += len(t) * self.geo.rank_bytes
+        self._release_fence()
+
+    def _release_fence(self) -> None:
+        """Drops the session's fence once no copy is in flight."""
+        if self._fence.holding and not self._pending and self._step is None:
+            self._fence.release()
 
     def _finish_loads(self) -> None:
         """Ends the step's loads: every layer in place, then each op reported
@@ -268,6 +315,7 @@ class SariaWorker:
             self._done.done[op_id] += 1
             if bad.get(op_id):
                 self._done.bad_ssd[op_id] = sorted(bad[op_id])
+        self._release_fence()
 
     def _report(self, op_id: int, futs: list[Future], what: str) -> bool:
         """Waits for an op's copies and records it done or failed for the

@@ -8,7 +8,22 @@ in-process ``TieredCache`` (``lookup``, ``touch``, ``prepare_load`` /
 
 Failure model: every call has a deadline (``timeout_s``). A call that misses
 it raises ``ServerUnavailable``; the engine treats it as a miss and
-recomputes. A reply with another boot token means the server restarted: the
+recomputes. That miss also opens the client's breaker (``saria.serve.breaker``):
+every later call fails at once, without a message, until a probe (from the
+heartbeat thread, backing off from 0.25 s to 2 s) gets a reply -- a server
+that is down costs an engine one deadline, not one per call. Sockets are
+``ZMQ_IMMEDIATE``: a send to a server that is not connected fails at once
+instead of queueing.
+
+Nothing leaks past a missed deadline: each call that makes the server hold
+something (``prepare_load`` / ``prepare_store`` / ``prepare_promotion`` /
+``take_staging``) carries a spec id the client chose (``rid``), and a call
+that got no reply leaves a *debt*: a ``cancel`` of that id (or, for a
+completion or release that got no reply or was refused by the breaker, the
+cancel or release that settles it). Debts are paid before the next call and
+by the heartbeat thread as soon as the server answers, so an idle engine
+leaks nothing either; a debt of an older boot or session is dropped (the
+server already released everything of it). See ``saria.serve.specids``. A reply with another boot token means the server restarted: the
 session and every spec of the old boot are void (``complete_*`` of such a
 spec is a no-op that reports nothing served) and the client says hello again
 on its next call. A session the server ended (lease expired while the engine
@@ -19,6 +34,7 @@ pinging and the server ends its session after ``lease_s``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import threading
@@ -31,10 +47,21 @@ import zmq
 from saria.core import LoadSpec, StoreSpec
 from saria.errors import SariaError
 from saria.serve import protocol as P
+from saria.serve.breaker import Breaker
 
 
 class ServerUnavailable(SariaError, TimeoutError):
     """No reply within the call's deadline (server down, overloaded, or restarting)."""
+
+
+class BreakerOpen(ServerUnavailable):
+    """Refused without a message: the server missed a deadline and has not
+    answered a probe since."""
+
+
+CONNECT_GRACE_S = 0.1  # how long a send waits for a connection (IMMEDIATE) before failing
+MAX_DEBTS = 4096       # as many as the server keeps tombstones per session
+_PREPARES = frozenset({"prepare_load", "prepare_store", "prepare_promotion", "take_staging"})
 
 
 @dataclass(slots=True)
@@ -45,10 +72,11 @@ class RemotePlan:
 @dataclass(slots=True)
 class RemoteLoadSpec(LoadSpec):
     """A ``LoadSpec`` as the server sent it: ``spec`` is its id there, valid
-    for the server's boot ``boot`` only."""
+    for the server's boot ``boot`` and the session ``session`` only."""
 
     spec: int = -1
     boot: str = ""
+    session: str = ""
 
 
 @dataclass(slots=True)
@@ -58,12 +86,14 @@ class RemoteStoreSpec(StoreSpec):
 
     spec: int = -1
     boot: str = ""
+    session: str = ""
 
     @classmethod
     def of(cls, keys: np.ndarray, positions, slots, spec: int, boot: str, *,
-           promotion: bool = False, direct=None) -> RemoteStoreSpec:
+           promotion: bool = False, direct=None, session: str = "") -> RemoteStoreSpec:
         return cls(keys, positions, slots, _NO_MASKS, promotion=promotion,
-                   direct=_EMPTY if direct is None else direct, chain=keys, spec=spec, boot=boot)
+                   direct=_EMPTY if direct is None else direct, chain=keys, spec=spec, boot=boot,
+                   session=session)
 
 
 _EMPTY = np.zeros(0, np.int64)
@@ -88,9 +118,12 @@ class RemoteCache:
         self.boot: str | None = None
         self.info: dict = {}
         self.reconnects = 0
+        self.breaker = Breaker(address)
+        self._debts: list[tuple[str | None, str | None, str, dict]] = []  # boot, session, op, args
         self._hello()
         self._beat: threading.Thread | None = None
         self._closing = threading.Event()
+        self._kick = threading.Event()  # wakes the heartbeat: closing, or the breaker opened
         if heartbeat:
             self._beat = threading.Thread(target=self._heartbeat, name="saria-heartbeat",
                                           daemon=True)
@@ -107,41 +140,55 @@ class RemoteCache:
 
     def prepare_load(self, keys: np.ndarray, blocks: int, *, start: int = 0) -> RemoteLoadSpec:
         keys = _keys(keys)
-        r = self._call("prepare_load", {"keys": keys, "blocks": int(blocks), "start": int(start)})
+        r = self._prepare("prepare_load", {"keys": keys, "blocks": int(blocks),
+                                           "start": int(start)})
         return RemoteLoadSpec(keys[:r["num_blocks"]], r["start"], r["tiers"], r["slots"],
-                              spec=r["spec"], boot=self.boot)
+                              spec=r["spec"], boot=self.boot, session=self.session)
 
     def complete_load(self, spec: RemoteLoadSpec, failed: np.ndarray | None = None) -> int:
         if spec.boot != self.boot:
             return 0  # the server restarted: nothing of that load is the server's any more
         args = {"spec": spec.spec, "failed": None if failed is None
                 else np.asarray(failed, np.int64)}
-        return self._call("complete_load", args, renew=False)
+        return self._call("complete_load", args, renew=False, settle=_cancel_of(spec.spec))
 
     def cancel_load(self, spec: RemoteLoadSpec) -> None:
         if spec.boot == self.boot:
-            self._call("cancel_load", {"spec": spec.spec}, renew=False)
+            self._call("cancel_load", {"spec": spec.spec}, renew=False,
+                       settle=_cancel_of(spec.spec))
+
+    def cancel(self, spec_id: int) -> str:
+        """Ends whatever the server holds under `spec_id` in this session (a
+        load, a store -- as failed --, a take's staging slots), or leaves a
+        tombstone against a prepare still on its way. Idempotent."""
+        return self._call("cancel", {"spec": int(spec_id)}, renew=False,
+                          settle=_cancel_of(spec_id))
+
+    @property
+    def debts(self) -> int:
+        """Settling calls owed to the server (cancels of calls that got no reply)."""
+        return len(self._debts)
 
     def prepare_store(self, keys: np.ndarray, start: int = 0, *, session: int = 0,
                       direct: bool = False) -> RemoteStoreSpec:
         keys = _keys(keys)
-        r = self._call("prepare_store", {"keys": keys, "start": int(start), "tag": int(session),
-                                         "direct": bool(direct)})
+        r = self._prepare("prepare_store", {"keys": keys, "start": int(start),
+                                            "tag": int(session), "direct": bool(direct)})
         return self._store_spec(keys, r)
 
     def prepare_promotion(self, keys: np.ndarray, ssd_positions: np.ndarray,
                           dram_blocks: int) -> RemoteStoreSpec:
         keys = _keys(keys)
-        r = self._call("prepare_promotion", {"keys": keys,
-                                             "ssd_positions": np.asarray(ssd_positions, np.int64),
-                                             "dram_blocks": int(dram_blocks)})
+        r = self._prepare("prepare_promotion", {
+            "keys": keys, "ssd_positions": np.asarray(ssd_positions, np.int64),
+            "dram_blocks": int(dram_blocks)})
         return self._store_spec(keys, r)
 
     def complete_store(self, spec: RemoteStoreSpec, *, success: bool = True) -> int:
         if spec.boot != self.boot:
             return 0
         return self._call("complete_store", {"spec": spec.spec, "success": bool(success)},
-                          renew=False)
+                          renew=False, settle=_cancel_of(spec.spec))
 
     def write_direct(self, chain: np.ndarray, positions: np.ndarray, staging: np.ndarray) -> int:
         """Write-through of ``chain[positions]``, whose bytes the caller copied
@@ -155,10 +202,11 @@ class RemoteCache:
         return int(self.info.get("staging_slots", 0))
 
     def take_staging(self, count: int) -> np.ndarray:
-        return self._call("take_staging", {"count": int(count)})
+        return self._prepare("take_staging", {"count": int(count)})
 
     def release_staging(self, slots: np.ndarray) -> None:
-        self._call("release_staging", {"slots": np.asarray(slots, np.int64)}, renew=False)
+        args = {"slots": np.asarray(slots, np.int64)}
+        self._call("release_staging", args, renew=False, settle=[("release_staging", args)])
 
     def gauges(self) -> dict[str, float]:
         return self._call("gauges", {})
@@ -174,15 +222,25 @@ class RemoteCache:
 
     def batch(self, calls: list[tuple[str, dict]]) -> list[dict]:
         """Several plain calls in one round trip; one ``{ok, result | error}``
-        per call, in order (a failed call does not stop the others)."""
-        return self._call("batch", {"calls": [[op, args] for op, args in calls]})
+        per call, in order (a call the server refuses does not stop the
+        others; an error that escapes undoes the batch's prepares). Each
+        prepare gets a spec id (``rid``), cancelled if no reply comes."""
+        out, undo = [], []
+        for op, args in calls:
+            if op in _PREPARES and "rid" not in args:
+                args = {**args, "rid": next(self._ids)}
+            if op in _PREPARES:
+                undo += _cancel_of(args["rid"])
+            out.append([op, args])
+        return self._call("batch", {"calls": out}, undo=undo)
 
     def close(self) -> None:
         self._closing.set()
+        self._kick.set()
         if self._beat is not None:
             self._beat.join(timeout=2)
         try:
-            if self.session is not None:
+            if self.session is not None and not self.breaker.is_open:
                 self._call("bye", {}, renew=False, timeout_s=0.5)
         except (ServerUnavailable, P.RemoteError):
             pass
@@ -191,13 +249,45 @@ class RemoteCache:
 
     # ------------------------------------------------------------ helpers
 
+    def _prepare(self, op: str, args: dict):
+        """A call that makes the server hold something, under an id this
+        client chose: no reply means a ``cancel`` of that id is owed."""
+        rid = next(self._ids)
+        return self._call(op, {**args, "rid": rid}, undo=_cancel_of(rid))
+
+    def _owe(self, calls: list[tuple[str, dict]]) -> None:
+        self._debts += [(self.boot, self.session, op, args) for op, args in calls]
+        if len(self._debts) > MAX_DEBTS:
+            del self._debts[:len(self._debts) - MAX_DEBTS]
+        self._kick.set()  # the heartbeat pays as soon as the server answers
+
+    def _pay_debts(self) -> None:
+        """Sends what is owed to this boot's session in one batch (the lock
+        held); debts of another boot or session are void and dropped."""
+        calls = [[op, args] for boot, sid, op, args in self._debts
+                 if boot == self.boot and sid == self.session and sid is not None]
+        debts, self._debts = self._debts, []
+        if not calls:
+            return
+        try:
+            self._raw("batch", self.session, {"calls": calls}, self.timeout_s)
+        except ServerUnavailable as e:
+            self._debts = debts + self._debts
+            self.breaker.trip(str(e))
+            self._kick.set()
+            raise
+        except P.RemoteError:
+            pass  # its session or boot is gone: the server released all of it
+
     def _store_spec(self, keys: np.ndarray, r: dict) -> RemoteStoreSpec:
         return RemoteStoreSpec.of(keys, r["positions"], r["slots"], r["spec"], self.boot,
-                                  promotion=r["promotion"], direct=r["direct"])
+                                  promotion=r["promotion"], direct=r["direct"],
+                                  session=self.session)
 
     def _connect(self) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for a peer that is not there
         sock.connect(self.address)
         return sock
 
@@ -205,27 +295,54 @@ class RemoteCache:
         info = self._raw("hello", None, {**self.identity, "layout": self.layout}, self.timeout_s)
         self.session, self.boot, self.info = info["session"], info["boot"], info
 
-    def _call(self, op: str, args: dict, *, renew: bool = True, timeout_s: float | None = None):
+    def _call(self, op: str, args: dict, *, renew: bool = True, timeout_s: float | None = None,
+              undo: list[tuple[str, dict]] = (), settle: list[tuple[str, dict]] = ()):
         """One call; says hello again (once) when the server restarted or
         ended the session, if `renew` (a call naming a spec is not retried:
-        its spec died with the session)."""
+        its spec died with the session). With no reply, `undo` and `settle`
+        become debts; refused by the breaker (never sent), only `settle`."""
         with self._lock:
-            if self.session is None:
-                self._hello()
+            if self.breaker.refuse(may_probe=self._beat is None):
+                if settle:
+                    self._owe(list(settle))
+                raise BreakerOpen(f"saria server at {self.address}: not answering (breaker "
+                                  f"open); {op} skipped")
             try:
-                return self._raw(op, self.session, args, timeout_s or self.timeout_s)
-            except P.RemoteError as e:
-                if e.code != "session" or not renew:
-                    raise
-                self.reconnects += 1
-                self._hello()
-                return self._raw(op, self.session, args, timeout_s or self.timeout_s)
+                if self._debts:
+                    self._pay_debts()
+                out = self._session_call(op, args, renew, timeout_s or self.timeout_s)
+            except ServerUnavailable as e:
+                self._owe(list(undo) + list(settle))
+                if self.breaker.is_open:
+                    self.breaker.probe_failed()  # this call was the probe (no heartbeat)
+                else:
+                    self.breaker.trip(str(e))
+                    self._kick.set()  # the heartbeat starts probing
+                raise
+            except P.RemoteError:
+                self.breaker.reset()  # it answered
+                raise
+            self.breaker.reset()
+            return out
+
+    def _session_call(self, op: str, args: dict, renew: bool, timeout_s: float):
+        if self.session is None:
+            self._hello()
+        try:
+            return self._raw(op, self.session, args, timeout_s)
+        except P.RemoteError as e:
+            if e.code != "session" or not renew:
+                raise
+            self.reconnects += 1
+            self._hello()
+            return self._raw(op, self.session, args, timeout_s)
 
     def _raw(self, op: str, session: str | None, args: dict, timeout_s: float):
         rid = next(self._ids)
-        self._sock.send(P.pack({"v": P.VERSION, "id": rid, "op": op, "session": session,
-                                "args": args}))
         deadline = time.monotonic() + timeout_s
+        _send(self._sock, P.pack({"v": P.VERSION, "id": rid, "op": op, "session": session,
+                                  "args": args}), min(timeout_s, CONNECT_GRACE_S),
+              f"saria server at {self.address}: not connected; {op} not sent")
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
@@ -248,22 +365,85 @@ class RemoteCache:
             return reply["result"]
 
     def _heartbeat(self) -> None:
-        """Pings on a socket of its own every third of the lease."""
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.address)
+        """Pings on a socket of its own every third of the lease; while the
+        breaker is open, probes the server instead (with its back-off)."""
+        sock = self._connect()
         period = float(self.info.get("lease_s", 10.0)) / 3
+        next_ping = time.monotonic() + period
         try:
-            while not self._closing.wait(period):
+            while True:
+                wait = max(0.0, next_ping - time.monotonic())
+                to_probe = self.breaker.seconds_to_probe()
+                if to_probe is not None:
+                    wait = min(wait, to_probe)
+                elif self._debts:
+                    wait = 0.0
+                self._kick.wait(wait)
+                self._kick.clear()
+                if self._closing.is_set():
+                    return
+                if self.breaker.is_open:
+                    if self.breaker.probe_due():
+                        if self._probe(sock):
+                            self.breaker.reset()
+                        else:
+                            self.breaker.probe_failed()
+                    continue
+                if self._debts:  # an idle engine pays too, not only at its next call
+                    with self._lock:
+                        with contextlib.suppress(ServerUnavailable):
+                            self._pay_debts()
+                if time.monotonic() < next_ping:
+                    continue
+                next_ping = time.monotonic() + period
                 sid = self.session
                 if sid is None:
                     continue
-                sock.send(P.pack({"v": P.VERSION, "id": 0, "op": "ping", "session": sid,
-                                  "args": {}}))
+                try:
+                    _send(sock, P.pack({"v": P.VERSION, "id": 0, "op": "ping", "session": sid,
+                                        "args": {}}), CONNECT_GRACE_S, "")
+                except ServerUnavailable:
+                    continue
                 if sock.poll(int(period * 1000)):
                     sock.recv()
         finally:
             sock.close(0)
+
+    def _probe(self, sock: zmq.Socket) -> bool:
+        """Whether the server answers a session-less call within the deadline."""
+        while sock.poll(0):
+            sock.recv()  # late replies of earlier pings / probes
+        try:
+            _send(sock, P.pack({"v": P.VERSION, "id": 0, "op": "stats", "session": None,
+                                "args": {}}), CONNECT_GRACE_S, "")
+        except ServerUnavailable:
+            return False
+        if not sock.poll(int(self.timeout_s * 1000)):
+            return False
+        sock.recv()
+        return True
+
+
+def _send(sock: zmq.Socket, frame: bytes, grace_s: float, what: str) -> None:
+    """Sends one frame; a socket with no connection (``IMMEDIATE``) gets
+    `grace_s` to make one (a fresh socket's connect is asynchronous), then
+    the call fails without waiting out its deadline."""
+    try:
+        sock.send(frame, zmq.NOBLOCK)
+        return
+    except zmq.Again:
+        pass
+    if sock.poll(int(grace_s * 1000), zmq.POLLOUT):
+        try:
+            sock.send(frame, zmq.NOBLOCK)
+            return
+        except zmq.Again:
+            pass
+    raise ServerUnavailable(what)
+
+
+def _cancel_of(spec_id: int) -> list[tuple[str, dict]]:
+    return [("cancel", {"spec": int(spec_id)})]
 
 
 def _keys(keys) -> np.ndarray:

@@ -57,6 +57,7 @@ class ServerMetrics:
         srv = self.server
         return {
             "boot": srv.boot, "address": srv.address, "sessions": len(srv.sessions),
+            "sessions_fencing": len(srv.fencing),
             "leases_expired": self.expired, "rpc_errors": self.errors,
             "engines": {k: dict(v) for k, v in self.engines.items()},
             "sessions_by_engine": dict(Counter(s.engine for s in srv.sessions.values())),

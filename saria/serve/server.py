@@ -23,7 +23,12 @@ engine held outlives its lease, and nothing of another session is touched.
 Specs stay in the server. ``prepare_load`` / ``prepare_store`` /
 ``prepare_promotion`` keep the spec under an id and return its arrays and the
 id; ``complete_*`` and ``cancel_load`` name the id. A client cannot forge or
-alter a spec, and an id of another session is refused.
+alter a spec, and an id of another session is refused. The client chooses
+the id (``rid``) so that a prepare whose reply missed its deadline can still
+be ended: ``cancel`` ends whatever an id holds (a load, a store, a
+``take_staging``'s slots) or leaves a tombstone that refuses the prepare if
+it comes later (``saria.serve.specids``). A ``batch`` is all-or-nothing
+against errors that escape it: what its earlier calls prepared is undone.
 
 The cluster tier. With ``remote`` (the keys of
 ``saria.tiers.remote.RemoteSettings.from_mapping``; ``saria serve --remote
@@ -64,6 +69,8 @@ from saria.runtime.cache import CacheConfig, TieredCache
 from saria.serve import protocol as P
 from saria.serve.metrics import ServerMetrics
 from saria.serve.publisher import EventPublisher, to_wire
+from saria.serve import fence as F
+from saria.serve.specids import SpecIds
 from saria.serve.paths import default_listen, default_runtime_dir  # noqa: F401
 
 log = logging.getLogger("saria.serve")
@@ -124,6 +131,9 @@ class Session:
     loads: dict[int, LoadSpec] = field(default_factory=dict)
     stores: dict[int, StoreSpec] = field(default_factory=dict)
     staging: set[int] = field(default_factory=set)
+    takes: dict[int, set[int]] = field(default_factory=dict)  # take_staging id -> slots
+    ids: SpecIds = field(default_factory=SpecIds)
+    fence: str = ""  # its workers' fence file (saria.serve.fence)
 
 
 class CacheServer:
@@ -143,6 +153,7 @@ class CacheServer:
         self.layouts: dict[str, dict] = {}
         self.pools: dict[str, str] = {}
         self.sessions: dict[str, Session] = {}
+        self.fencing: dict[str, Session] = {}  # ended, a worker still mid-copy: slots kept
         self._next_spec = 1
         self._stop = threading.Event()
         self.metrics = ServerMetrics(self)
@@ -172,7 +183,7 @@ class CacheServer:
             "cancel_load": self._cancel_load, "prepare_store": self._prepare_store,
             "prepare_promotion": self._prepare_promotion, "complete_store": self._complete_store,
             "take_staging": self._take_staging, "release_staging": self._release_staging,
-            "write_direct": self._write_direct,
+            "write_direct": self._write_direct, "cancel": self._cancel,
             "gauges": self._gauges, "flush": self._flush,
         }
         log.info("saria serve: listening on %s (boot %s, lease %.1f s)", self.address, self.boot,
@@ -185,6 +196,7 @@ class CacheServer:
             log.info("saria serve: SSD off")
         if cfg.metrics_port is not None:
             self.metrics.serve(cfg.metrics_port)
+        self._delays = _test_delays()
 
     # ------------------------------------------------------------ the loop
 
@@ -201,6 +213,7 @@ class CacheServer:
                             break
                         self._handle(frames)
                 self._expire(time.monotonic())
+                self._retry_fences()
                 self._publish()
         finally:
             self.close()
@@ -217,7 +230,8 @@ class CacheServer:
         for tier in self.remotes.values():
             tier.close()
         self.remotes.clear()
-        for path in self.pools.values():
+        fences = [s.fence for s in [*self.sessions.values(), *self.fencing.values()]]
+        for path in [*self.pools.values(), *fences]:
             try:
                 os.unlink(path)
             except FileNotFoundError:
@@ -260,6 +274,8 @@ class CacheServer:
             reply = {"id": P.request_id(frame), "ok": False, "code": "internal",
                      "error": f"{type(e).__name__}: {e}"}
         reply["boot"] = self.boot
+        if op in self._delays:
+            self._test_delay(op)
         self.metrics.rpc(op if op in self._ops or op == "batch" else "?",
                          time.perf_counter() - t0, reply["ok"])
         try:
@@ -267,10 +283,15 @@ class CacheServer:
         except zmq.Again:
             pass  # the client is gone or not reading; its lease will expire
 
-    def _call(self, op: str, sid: str | None, args: dict):
-        if op == "batch":
-            calls = P.arg(args, "calls", list)
-            out = []
+    def _batch(self, sid: str | None, args: dict) -> list[dict]:
+        """Plain calls in order, one result each; a saria error is that call's
+        result, anything that escapes (a bug, a malformed call) undoes what
+        the earlier calls prepared before the error reply goes out."""
+        calls = P.arg(args, "calls", list)
+        s = self.sessions.get(sid) if sid is not None else None
+        before = self._held(s)
+        out = []
+        try:
             for call in calls:
                 if not (isinstance(call, list) and len(call) == 2 and isinstance(call[0], str)
                         and isinstance(call[1], dict)) or call[0] in ("batch", "hello"):
@@ -280,7 +301,16 @@ class CacheServer:
                 except (P.RemoteError, P.ProtocolError, SariaError) as e:
                     out.append({"ok": False, "code": getattr(e, "code", "protocol"),
                                 "error": str(e)})
-            return out
+        except BaseException:
+            if s is not None and s.sid in self.sessions:
+                for rid in self._held(s) - before:
+                    self._drop_spec(s, rid)
+            raise
+        return out
+
+    def _call(self, op: str, sid: str | None, args: dict):
+        if op == "batch":
+            return self._batch(sid, args)
         fn = self._ops.get(op)
         if fn is None:
             raise P.ProtocolError(f"unknown op {op!r}")
@@ -313,6 +343,7 @@ class CacheServer:
         engine = str(P.arg(args, "name", str, "engine"))
         s = Session(sid, ns, engine, int(P.arg(args, "pid", int, 0)),
                     time.monotonic() + self.cfg.lease_s)
+        s.fence = F.create(f"{self.pools[ns]}-fence-{sid}")
         self.sessions[sid] = s
         log.info("saria serve: session %s for %s (pid %d, DP %s, TP %s) in namespace %s",
                  sid[:8], engine, s.pid, args.get("dp_rank"), args.get("tp_rank"), ns)
@@ -320,6 +351,7 @@ class CacheServer:
         return {"session": sid, "boot": self.boot, "namespace": ns, "lease_s": self.cfg.lease_s,
                 "pool": self.pools[ns], "pool_slots": pool.num_slots,
                 "slot_bytes": pool.slot_bytes, "staging_slots": cache.backend.staging_slots,
+                "fence": s.fence,
                 "ssd_dirs": list(self._store_dirs(ns))}
 
     def _store_dirs(self, ns: str) -> tuple[str, ...]:
@@ -407,6 +439,25 @@ class CacheServer:
             self._end(s)
 
     def _end(self, s: Session) -> None:
+        """Ends a session: nothing of it is reused before its workers are
+        fenced (``saria.serve.fence``); until then its slots stay held."""
+        self.sessions.pop(s.sid, None)
+        if not F.fence(s.fence):
+            log.warning("saria serve: session %s (%s, pid %d) ended while a worker of it is "
+                        "copying: its %d stores, %d loads and %d staging slots stay held until "
+                        "the copy is over", s.sid[:8], s.engine, s.pid, len(s.stores),
+                        len(s.loads), len(s.staging))
+            self.fencing[s.sid] = s
+            return
+        self._release(s)
+
+    def _retry_fences(self) -> None:
+        for s in [s for s in self.fencing.values() if F.fence(s.fence)]:
+            del self.fencing[s.sid]
+            log.info("saria serve: session %s fenced: its slots are free", s.sid[:8])
+            self._release(s)
+
+    def _release(self, s: Session) -> None:
         cache = self.caches[s.namespace]
         for spec in s.loads.values():
             cache.cancel_load(spec)
@@ -414,7 +465,6 @@ class CacheServer:
             cache.complete_store(spec, success=False)
         if s.staging:
             cache.release_staging(np.fromiter(s.staging, np.int64))
-        self.sessions.pop(s.sid, None)
 
     def _stats(self, args: dict):
         return self.metrics.snapshot()
@@ -440,13 +490,60 @@ class CacheServer:
         self._next_spec += 1
         return self._next_spec
 
+    def _claim(self, s: Session, args: dict) -> int:
+        """A prepare's spec id, checked before the cache holds anything for it."""
+        return s.ids.claim(args, self._held(s), self._spec_id)
+
+    @staticmethod
+    def _held(s: Session | None) -> set[int]:
+        """The ids under which a session holds something."""
+        return set() if s is None else set(s.loads) | set(s.stores) | set(s.takes)
+
+    def _drop_spec(self, s: Session, rid: int) -> str | None:
+        """Ends what `rid` holds in session `s`: a load is cancelled, a store
+        failed (its slots freed), a take's staging slots released."""
+        cache = self._cache(s)
+        if (load := s.loads.pop(rid, None)) is not None:
+            cache.cancel_load(load)
+            return "load"
+        if (spec := s.stores.pop(rid, None)) is not None:
+            cache.complete_store(spec, success=False)
+            return "store"
+        if (slots := s.takes.pop(rid, None)) is not None:
+            mine = slots & s.staging
+            s.staging -= mine
+            if mine:
+                cache.release_staging(np.fromiter(mine, np.int64))
+            return "staging"
+        return None
+
+    def _cancel(self, s: Session, args: dict):
+        """Idempotent: ends what the id holds, or leaves a tombstone for a
+        prepare still on its way; returns what it ended (or "tombstone")."""
+        rid = P.arg(args, "spec", int)
+        ended = self._drop_spec(s, rid)
+        if ended is None:
+            s.ids.bury(rid)
+            return "tombstone"
+        return ended
+
+    def _test_delay(self, op: str) -> None:
+        """Fault injection for tests (``SARIA_SERVE_TEST_DELAY``): the loop
+        stalls after handling `op`, before its reply goes out."""
+        seconds, left = self._delays[op]
+        if left <= 1:
+            del self._delays[op]
+        else:
+            self._delays[op] = (seconds, left - 1)
+        time.sleep(seconds)
+
     def _prepare_load(self, s: Session, args: dict):
         keys = P.keys_arg(args)
         blocks, start = P.arg(args, "blocks", int), P.arg(args, "start", int, 0)
         if not 0 <= start <= blocks <= keys.shape[0]:
             raise P.ProtocolError(f"prepare_load: need 0 <= start <= blocks <= {keys.shape[0]}")
+        sid = self._claim(s, args)
         spec = self._cache(s).prepare_load(keys, blocks, start=start)
-        sid = self._spec_id()
         s.loads[sid] = spec
         return {"spec": sid, "num_blocks": spec.num_blocks, "start": spec.start,
                 "tiers": spec.tiers, "slots": spec.slots}
@@ -467,8 +564,7 @@ class CacheServer:
         self._cache(s).cancel_load(self._take(s.loads, args))
         return True
 
-    def _store_reply(self, s: Session, spec: StoreSpec):
-        sid = self._spec_id()
+    def _store_reply(self, s: Session, spec: StoreSpec, sid: int):
         s.stores[sid] = spec
         return {"spec": sid, "positions": spec.positions, "slots": spec.slots,
                 "direct": spec.direct, "promotion": spec.promotion}
@@ -478,12 +574,13 @@ class CacheServer:
         start = P.arg(args, "start", int, 0)
         if not 0 <= start <= keys.shape[0]:
             raise P.ProtocolError("prepare_store: 'start' out of range")
-        spec = self._cache(s).prepare_store(keys, start, session=P.arg(args, "tag", int, 0),
-                                            direct=P.arg(args, "direct", bool, False))
+        tag, direct = P.arg(args, "tag", int, 0), P.arg(args, "direct", bool, False)
+        sid = self._claim(s, args)
+        spec = self._cache(s).prepare_store(keys, start, session=tag, direct=direct)
         # blocks DRAM could not take go to the SSD through the client's
         # staging copies (write_direct), as in the in-process connector
         direct, spec.direct = spec.direct, spec.direct[:0]
-        reply = self._store_reply(s, spec)
+        reply = self._store_reply(s, spec, sid)
         reply["direct"] = direct
         return reply
 
@@ -493,9 +590,10 @@ class CacheServer:
         if pos.ndim != 1 or pos.dtype.kind not in "iu" or (pos.size and (
                 pos.min() < 0 or pos.max() >= keys.shape[0])):
             raise P.ProtocolError("prepare_promotion: 'ssd_positions' must index 'keys'")
-        spec = self._cache(s).prepare_promotion(keys, pos.astype(np.int64),
-                                                P.arg(args, "dram_blocks", int))
-        return self._store_reply(s, spec)
+        dram_blocks = P.arg(args, "dram_blocks", int)
+        sid = self._claim(s, args)
+        spec = self._cache(s).prepare_promotion(keys, pos.astype(np.int64), dram_blocks)
+        return self._store_reply(s, spec, sid)
 
     def _complete_store(self, s: Session, args: dict):
         success = P.arg(args, "success", bool, True)
@@ -517,8 +615,11 @@ class CacheServer:
         count = P.arg(args, "count", int)
         if count < 0:
             raise P.ProtocolError("take_staging: 'count' must not be negative")
+        rid = self._claim(s, args) if "rid" in args else None
         slots = self._cache(s).take_staging(count)
         s.staging.update(int(x) for x in slots)
+        if rid is not None and slots.size:
+            s.takes[rid] = {int(x) for x in slots}  # until released, cancellable by id
         return slots
 
     def _release_staging(self, s: Session, args: dict):
@@ -527,6 +628,10 @@ class CacheServer:
         if len(mine) != slots.size:
             raise P.ProtocolError("release_staging: slots this session does not hold")
         s.staging.difference_update(mine)
+        for rid in [r for r, held in s.takes.items() if not held.isdisjoint(mine)]:
+            s.takes[rid].difference_update(mine)
+            if not s.takes[rid]:
+                del s.takes[rid]
         self._cache(s).release_staging(np.asarray(mine, np.int64))
         return True
 
@@ -562,6 +667,18 @@ def _digest(layout: dict) -> int:
         return digest_bytes(str(layout["hash_algo"]))
     except (KeyError, ValueError):
         return 32
+
+
+def _test_delays() -> dict[str, tuple[float, int]]:
+    """``SARIA_SERVE_TEST_DELAY=op:seconds[:count],...``: fault injection for
+    tests (a loop too busy to answer in time); unset in production."""
+    out: dict[str, tuple[float, int]] = {}
+    for part in filter(None, os.environ.get("SARIA_SERVE_TEST_DELAY", "").split(",")):
+        op, seconds, *count = part.split(":")
+        out[op] = (float(seconds), int(count[0]) if count else 1 << 30)
+    if out:
+        log.warning("saria serve: test fault injection on: %s", out)
+    return out
 
 
 def _pool_prefix() -> str:
