@@ -33,18 +33,13 @@ SEEDS = int(os.environ.get("SARIA_SIM_SEEDS", "0"))
 
 # (scenario, seed) -> the failure it finds while its fix has not landed on this branch
 KNOWN: dict[tuple[str, int], str] = {
-    # a store copy that lands past the op's deadline, into a slot reused meanwhile
-    ("local", 28): "failure 4 (op deadline without a fence)",
-    ("local", 42): "failure 4 (op deadline without a fence)",
-    # specs whose reply was lost are never completed nor cancelled
-    **{("server-up", s): "failure 3 (specs of lost replies held)" for s in (1, 2, 3, 4, 5)},
-    # a TP store op ended at its first failed rank while the other still copies
-    ("cluster", 84): "failure 4 (TP store ended at the first failed rank)",
-    ("cluster", 83): "a DRAM slot leaked with a cluster tier (not diagnosed yet)",
-    # a down or busy server: every call waits out its deadline
-    ("server", 0): "failure 6 (a down server stalls every step)",
-    ("server", 1): "failure 3 (specs of lost replies held)",
-    ("server", 2): "failure 6 (a down server stalls every step)",
+    # a store spec stays held by a server session after quiescence; seed 5
+    # shrinks to two engines (TP 1, one layout) whose prompts share a prefix,
+    # no fault at all (not diagnosed yet; N4's owed cancels are one suspect)
+    **{("server-up", s): "server store spec held after quiescence" for s in (1, 2, 4, 5)},
+    ("server", 1): "server store spec held after quiescence",
+    # a cluster get past its deadline that lands later: its DRAM slots stay used
+    ("cluster", 83): "a late cluster get leaks its DRAM slots (not diagnosed yet)",
 }
 
 
@@ -114,13 +109,13 @@ def _run_events(events, scenario="local"):
 
 # ------------------------------------------------------------ mutations
 
-# mutation -> (scenario, seed budget): the known bug each puts back, found within it
-MUTATED = {"readiness-off": ("server-up", 4)}
+# mutation -> (scenario, seed): a run that passes, and fails with the mutation
+MUTATED = {"tp-store-first-failure": ("local", 0), "readiness-off": ("cluster", 78)}
 
 
 @pytest.mark.parametrize("name", sorted(MUTATED))
 def test_the_simulation_finds_each_mutation(name):
-    scenario, budget = MUTATED[name]
+    scenario, seed = MUTATED[name]
+    assert _run(scenario, seed) is None
     with mutations.applied(name):
-        found = next((f for seed in range(budget) if (f := _run(scenario, seed)) is not None), None)
-    assert found is not None, f"{name}: no seed of {budget} in {scenario} finds it"
+        assert _run(scenario, seed) is not None, f"{name}: {scenario} seed {seed} no longer finds it"

@@ -197,6 +197,7 @@ class Engine:
                                budget=BUDGET)
         self.sending = Counter()     # vLLM's aggregator: finished_sending per rank
         self.lost_acks: set[int] = set()
+        self.dropped = SariaWorkerMetadata()   # lost acks, delivered late (or never)
         self.ssd_read_fail: set[int] = set()
         self.bad: dict[str, str] = {}
         self.closed = False
@@ -247,6 +248,8 @@ class Engine:
                                                                        or errors)
             if m is not None and not lost:
                 wmeta = wmeta.aggregate(m)
+            elif lost:  # it may still arrive, however late (``late_land``, quiescence)
+                self.dropped = self.dropped.aggregate(m)
         # the attention of this step read every block below each request's
         # computed tokens: each must hold its own bytes on every rank and layer
         self.bad = {}
@@ -272,7 +275,7 @@ class Engine:
 
     def step(self) -> None:
         down = self.world.node is not None and not self.world.node.answering
-        before = getattr(self.sched.cache, "failures", 0)
+        before = self._waited()
         out = self.vllm.step()
         for rid, why in self.bad.items():
             if rid not in out["affected"]:
@@ -281,11 +284,24 @@ class Engine:
             return
         # failure 6: a server that does not answer must cost a step nothing
         # once the client knows: no call on the step path after a failed step
-        failed = getattr(self.sched.cache, "failures", 0) - before
+        failed = self._waited() - before
         if down and failed > 1 and self.last_failed:
             raise SimFailure("server-down-stall", f"{self.name}: a step with the server "
                              f"down waited out {failed} more call deadlines")
         self.last_failed = down and failed > 0
+
+    def _waited(self) -> int:
+        """Server calls that failed after waiting (a breaker's refusals cost nothing)."""
+        cache = self.sched.cache
+        breaker = getattr(getattr(cache, "client", None), "breaker", None)
+        return getattr(cache, "failures", 0) - (breaker.skipped if breaker is not None else 0)
+
+    def deliver_dropped(self) -> None:
+        """Acks that were lost on the way arrive after all (a store past its
+        deadline is quarantined until its last report arrives)."""
+        if self.dropped.done or self.dropped.failed:
+            m, self.dropped = self.dropped, SariaWorkerMetadata()
+            self.sched.update_connector_output(SimpleNamespace(kv_connector_worker_meta=m))
 
     def acknowledged_ssd(self) -> set[bytes]:
         if self.world.node is not None:
@@ -373,6 +389,7 @@ class World:
         elif kind == "late_land":
             for r in e.ranks:
                 r.land_late()
+            e.deliver_dropped()
         elif kind == "ack_lost":
             e.lost_acks.add(ev[2] % e.tp)
         elif kind == "ssd_read_fail":
@@ -433,8 +450,13 @@ class World:
         """A new server on the same drive: every block its SSD acknowledged is
         found again once an engine opens the layout."""
         self.node.start()
-        for e in self.engines:
-            e.sched.cache.gauges()  # the client says hello again: the layout opens
+        layouts = {e.tp for e in self.engines}
+        for _ in range(50):  # the clients say hello again (past their breaker): the layouts open
+            for e in self.engines:
+                e.sched.cache.gauges()
+            if len(self.node.caches()) >= len(layouts):
+                break
+            time.sleep(0.1)
         lost = self.kept_by_server - self.node.recovered()
         self.kept_by_server = set()
         if lost:
@@ -477,6 +499,7 @@ class World:
             for _ in range(400):
                 for r in e.ranks:
                     r.land_late()
+                e.deliver_dropped()
                 if e.vllm.idle() and len(e.sched.ops) == 0:
                     break
                 if not (e.vllm.waiting or e.vllm.running):
