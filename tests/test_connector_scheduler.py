@@ -314,3 +314,50 @@ def test_promotion_after_prefill_moves_what_the_shared_policy_picks(make_schedul
     assert ssd_pos.tolist() == [p for p in range(6) if 30 + p in ssd_kv]
     picked = replay.prepare_promotion(a, ssd_pos, 6 - ssd_pos.size).positions
     assert picked.size and promo.src_ids == [30 + int(p) for p in picked]
+
+
+def test_a_local_hit_on_blocks_saria_never_stored_is_no_error(make_scheduler):
+    """vLLM caches a block when it allocates it, so a request scheduled later
+    in the same step gets a local hit on blocks another request computes in
+    that step -- blocks saria has not stored (nor will, if the store fails).
+    Recording the access must not fail the engine (found by the whole-stack
+    simulation: ``touch: n_hit=1 exceeds the 0 known blocks``)."""
+    s = make_scheduler()
+    a = fake_request("a", PROMPT)
+    assert s.get_num_new_matched_tokens(a, 0) == (0, False)
+    s.update_state_after_alloc(a, blocks([1, 2, 3, 4, 5, 6]), 0)
+    b = fake_request("b", PROMPT + [7, 7])
+    b.num_computed_tokens = 5 * BS                     # vLLM's own hit on a's blocks
+    assert s.get_num_new_matched_tokens(b, 5 * BS) == (0, False)
+    s.update_state_after_alloc(b, blocks([1, 2, 3, 4, 5, 7]), 0)
+    s.build_connector_meta(new_step(a, [1, 2, 3, 4, 5, 6], 0, a.num_tokens))
+    assert s.cache.lookup(s.reqs["b"].chain.array).num_blocks == 0
+
+
+def test_a_block_whose_load_failed_is_invalid_until_a_forward_writes_it(make_scheduler):
+    """vLLM keeps a block whose load failed in its prefix cache (``recompute``
+    policy) and counts on its request to recompute it next step; a request
+    that attends to it before that -- here another one with a local hit,
+    after the loader was preempted -- is told the block is invalid, so vLLM
+    recomputes it rather than attending to stale bytes (found by the
+    whole-stack simulation, seed 248 of its first runs)."""
+    s = make_scheduler()
+    serve(s, fake_request("a", PROMPT), [1, 2, 3, 4, 5, 6])
+    b = fake_request("b", PROMPT)
+    _, meta = serve(s, b, [7, 8, 9, 10, 11, 12], ack=False)
+    (load,) = meta.loads
+    s.update_connector_output(acks(failed={load.op_id: 1}))   # the copy into 7..11 failed
+    # b is preempted before it recomputes; c gets vLLM's local hit on b's blocks
+    c = fake_request("c", PROMPT + [1])
+    c.num_computed_tokens = 5 * BS
+    assert s.get_num_new_matched_tokens(c, 5 * BS)[0] == 0
+    s.update_state_after_alloc(c, blocks([7, 8, 9, 10, 11, 13]), 0)
+    meta = s.build_connector_meta(new_step(c, [7, 8, 9, 10, 11, 13], 5 * BS, 4))
+    assert meta.unfilled == [7, 8, 9, 10, 11]
+    # c recomputes from block 0 (vLLM rewound it): the forward writes them, they are filled
+    cached = SimpleNamespace(req_ids=["c"], new_block_ids=[None], num_computed_tokens=[0],
+                             resumed_req_ids=set())
+    so = SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=cached,
+                         num_scheduled_tokens={"c": c.num_tokens}, preempted_req_ids=set())
+    assert s.build_connector_meta(so).unfilled == []
+    assert s.build_connector_meta(new_step(fake_request("d", PROMPT), [7, 8], 2 * BS, 1)).unfilled == []

@@ -88,6 +88,10 @@ class SariaMetadata(KVConnectorMetadata):
     # whose slots the step may use, and the session's fence file
     server_epoch: str = ""
     server_fence: str = ""
+    # KV blocks a request attends this step whose load failed and that no
+    # forward has written since: the workers report them as load errors, so
+    # vLLM recomputes them instead of attending to what the pages hold
+    unfilled: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -121,6 +121,8 @@ class SariaScheduler:
         self._late_stores: list[Transfer] = []   # promotions of requests that finished
         self._delayed: list[str] = []
         self._tokens_of: dict[bytes, tuple[tuple[int, ...], object]] = {}
+        # KV blocks whose load failed, until a forward (or a load) writes them again
+        self._unfilled: set[int] = set()
         self.counters = {"hit_tokens": 0, "query_tokens": 0,
                          "load_ops": 0, "store_ops": 0, "promotion_ops": 0, "direct_ops": 0,
                          "direct_dropped": 0,
@@ -251,6 +253,13 @@ class SariaScheduler:
                       "failing it", op.op_id, op.req_id, self.ops.timeout_s)
             self._complete(op, ok=False)
         stores, self._late_stores = self._late_stores, []
+        for rid in getattr(so, "preempted_req_ids", None) or ():
+            st = self.reqs.get(rid)
+            if st is not None and st.direct:
+                # vLLM freed its KV pages: waves not copied yet would read
+                # whatever the pages hold next and write it under these keys
+                self.counters["direct_dropped"] += sum(int(p.size) for _, p in st.direct)
+                st.direct = []
         for nr in so.scheduled_new_reqs:
             st = self.reqs.get(nr.req_id)
             if st is not None:
@@ -273,7 +282,8 @@ class SariaScheduler:
         meta = SariaMetadata(loads=self._loads, stores=stores, delayed=self._delayed,
                              preempted=sorted(getattr(so, "preempted_req_ids", None) or ()),
                              pool_id=self.pool_id, server_pool=self._server_pool(),
-                             server_epoch=self._epoch(), server_fence=self._fence())
+                             server_epoch=self._epoch(), server_fence=self._fence(),
+                             unfilled=self._attended_unfilled(so))
         self._loads, self._delayed = [], []
         return meta
 
@@ -489,17 +499,19 @@ class SariaScheduler:
 
     def _complete_load(self, op, ok: bool) -> None:
         spec: LoadSpec = op.spec
+        st = self.reqs.get(op.req_id) or self._finishing.get(op.req_id)
         if not ok:  # a copy failed (not an SSD block): vLLM recomputes, the cache keeps its copies
             self.cache.cancel_load(spec)
             self.counters["load_failures"] += 1
+            self._mark_unfilled(st, np.arange(spec.start, spec.num_blocks))
             return
         bad = np.asarray(op.bad, np.int64)
         failed = None
         if bad.size:
             ssd = spec.positions(Tier.SSD)
             failed = ssd[np.isin(spec.slots[ssd], bad)]
+            self._mark_unfilled(st, failed)
         served = self.cache.complete_load(spec, failed)
-        st = self.reqs.get(op.req_id) or self._finishing.get(op.req_id)
         if st is not None:
             # vLLM recomputes from the first bad block: store what it recomputes.
             st.stored = min(st.stored, served)
@@ -507,6 +519,42 @@ class SariaScheduler:
             ssd = ssd[ssd < served]
             if ssd.size:
                 st.promotable = (ssd, served - spec.start - ssd.size)
+
+    def _mark_unfilled(self, st: _Req | None, positions: np.ndarray) -> None:
+        if st is not None:
+            self._unfilled.update(st.block_ids[p] for p in positions.tolist()
+                                  if p < len(st.block_ids))
+
+    def _attended_unfilled(self, so) -> list[int]:
+        """The unfilled KV blocks a request attends this step without any
+        request writing them in the same forward.
+
+        Why: vLLM caches a block in its prefix cache when it allocates it,
+        and under the ``recompute`` policy a failed load leaves it cached; it
+        counts on the request that held it to recompute it at its next step.
+        If that request is preempted or aborted first, the block stays cached
+        with whatever its page held, and a later request (or the same one,
+        resumed) gets a local hit on it -- wrong KV that no saria load is
+        involved in. Reported as a load error, vLLM recomputes it instead."""
+        if not self._unfilled:
+            return []
+        bs = self.block_size
+        attended: set[int] = set()
+        written = {b for t in self._loads for b in t.dst_ids}  # loads run before the forward
+        spans = [(nr.block_ids[0], nr.num_computed_tokens, so.num_scheduled_tokens[nr.req_id])
+                 for nr in so.scheduled_new_reqs]
+        cached = so.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            st = self.reqs.get(rid)
+            if st is not None:
+                spans.append((st.block_ids, cached.num_computed_tokens[i],
+                              so.num_scheduled_tokens[rid]))
+        for ids, computed, scheduled in spans:
+            first = -(-computed // bs)
+            attended.update(ids[:first])
+            written.update(ids[first: -(-(computed + scheduled) // bs)])
+        self._unfilled -= written
+        return sorted(attended & self._unfilled)
 
     def _cancel(self, st: _Req) -> None:
         if st.load is not None:

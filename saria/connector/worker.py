@@ -137,6 +137,7 @@ class SariaWorker:
         self._check_pool(meta)
         self._saved_layers.clear()
         self._delayed.update(meta.delayed)
+        self._load_errors.update(meta.unfilled)
         self._fail_stale(meta)
 
     def _fail_stale(self, meta: SariaMetadata) -> None:

@@ -196,7 +196,14 @@ class TieredCache:
             return plan
 
     def touch(self, keys: np.ndarray, *, hits: int, checkpoint_at: int = 0) -> int:
+        """Records a request's access (see ``CacheManager.touch``). `hits`
+        may pass the blocks this cache knows: an engine's own prefix cache
+        holds blocks saria never stored (their store failed, or another
+        request computes them in this very step -- vLLM caches a block when
+        it allocates it); those count as hits of the known prefix only."""
         with self._lock:
+            if hits:
+                hits = min(hits, self.index.residency(keys[:hits])[0])
             return self.manager.touch(keys, hits=hits, checkpoint_at=checkpoint_at)
 
     record_access = touch

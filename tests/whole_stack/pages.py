@@ -1,0 +1,34 @@
+"""Synthetic KV pages: every block's pages are a function of its token prefix.
+
+A block is named by a chain digest of every token up to its end (as vLLM's
+block hash is); its page for (rank, layer) is that digest's BLAKE2b expansion
+with the rank and layer as tag. The fake forward writes these bytes; a load
+must put the same bytes back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+
+import numpy as np
+
+GARBAGE = 0xEE  # what a page holds before any forward wrote it
+
+
+def chain_digests(tokens: list[int], block_size: int, prev: list[bytes] | None = None) -> list[bytes]:
+    """Digests of the full blocks of `tokens` (extending `prev`, already computed)."""
+    out = list(prev or [])
+    for i in range(len(out), len(tokens) // block_size):
+        h = hashlib.blake2b(out[-1] if out else b"root", digest_size=16)
+        h.update(np.asarray(tokens[i * block_size:(i + 1) * block_size], np.int64).tobytes())
+        out.append(h.digest())
+    return out
+
+
+@lru_cache(maxsize=65536)
+def page(digest: bytes, rank: int, layer: int, page_bytes: int) -> np.ndarray:
+    d = hashlib.blake2b(digest + bytes([rank, layer]), digest_size=64).digest()
+    rows = np.frombuffer(d * (-(-page_bytes // 64)), np.uint8)[:page_bytes]
+    rows.setflags(write=False)
+    return rows
