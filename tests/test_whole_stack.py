@@ -30,14 +30,16 @@ from whole_stack.events import SCENARIOS, draw, run  # noqa: E402
 # seeds per scenario in CI (about 60-90 s in all on a loaded 2-core machine)
 BUDGET = {"local": 200, "cluster": 100, "server-up": 6, "server": 3}
 SEEDS = int(os.environ.get("SARIA_SIM_SEEDS", "0"))
+REAL_TIME = ("server-up", "server")  # scenarios whose client deadlines are wall-clock
 
 # (scenario, seed) -> the failure it finds while its fix has not landed on this branch
 KNOWN: dict[tuple[str, int], str] = {
-    # a store spec stays held by a server session after quiescence; seed 5
-    # shrinks to two engines (TP 1, one layout) whose prompts share a prefix,
-    # no fault at all (not diagnosed yet; N4's owed cancels are one suspect)
-    **{("server-up", s): "server store spec held after quiescence" for s in (1, 2, 4, 5)},
-    ("server", 1): "server store spec held after quiescence",
+    # (fixed in the merge: a server session held every store spec of zero
+    # blocks, which the connector never completes -- server-up seeds 1, 2, 4, 5
+    # and server seed 1 found it; seed 5 shrank to two fault-free arrivals)
+    # lost replies (srv_drop) leave one store spec held by a server session
+    # after quiescence: not diagnosed yet (seed 4 shrinks to 9 events)
+    ("server-up", 4): "server store spec held after lost replies (not diagnosed yet)",
     # a cluster get past its deadline that lands later: its DRAM slots stay used
     ("cluster", 83): "a late cluster get leaks its DRAM slots (not diagnosed yet)",
 }
@@ -68,6 +70,8 @@ def test_the_seeds_fail_only_as_known(scenario):
         elif f is not None and known is None:
             unexpected.append(f"seed {seed}: {f}  (replay: python tests/sim.py --seed {seed} "
                               f"--scenario {scenario})")
+    if scenario in REAL_TIME:  # real 0.5 s deadlines: a known failure may not show every run
+        fixed = []
     assert not unexpected and not fixed, "\n".join(unexpected + fixed)
 
 

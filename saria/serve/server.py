@@ -707,7 +707,13 @@ class CacheServer:
         return True
 
     def _store_reply(self, s: Session, spec: StoreSpec, sid: int):
-        self._hold(s, s.stores, spec, sid)
+        if spec.num_blocks == 0:
+            # nothing to copy: a client never completes such a spec (the connector
+            # skips it, as in-process), so it is ended here rather than held --
+            # held, it would count against --max-specs until --max-lock-age
+            self._cache(s).complete_store(spec, success=False)
+        else:
+            self._hold(s, s.stores, spec, sid)
         return {"spec": sid, "positions": spec.positions, "slots": spec.slots,
                 "direct": spec.direct, "promotion": spec.promotion}
 

@@ -25,6 +25,7 @@ import numpy as np
 
 import saria.serve.server as server_mod
 from saria.index import Tier
+from saria.serve.limits import Limits
 from saria.serve.server import CacheServer, ServerConfig
 
 
@@ -46,8 +47,8 @@ class _DropSock:
 class SimServer(CacheServer):
     def __init__(self, cfg: ServerConfig, **kw) -> None:
         super().__init__(cfg, **kw)
-        self.gate = threading.Event()
-        self.gate.set()
+        self.answering = threading.Event()
+        self.answering.set()
         self.drop_replies = 0
         self.expire_all = False
         self.expire_engines: set[str] = set()   # sessions of engines that crashed
@@ -63,7 +64,7 @@ class SimServer(CacheServer):
             server_mod.CacheConfig = real
 
     def _handle(self, frames) -> None:
-        self.gate.wait()
+        self.answering.wait()
         real = self.sock
         self.sock = _DropSock(real, self)
         try:
@@ -103,7 +104,9 @@ class ServerNode:
                  max_models: int = 1, lease_s: float = 60.0) -> None:
         self.cfg = ServerConfig(listen=f"ipc://{root}/serve.sock", dram_bytes=dram_bytes,
                                 ssd_dirs=(f"{root}/server-ssd",), ssd_bytes=ssd_bytes,
-                                admission=admission, lease_s=lease_s, max_models=max_models)
+                                admission=admission, lease_s=lease_s, max_models=max_models,
+                                # the sim's blocks are tiny and its engines restart often
+                                limits=Limits(min_slot_bytes=0, hellos_per_s=0))
         self.root = root
         self.server: SimServer | None = None
         self.thread: threading.Thread | None = None
@@ -111,7 +114,7 @@ class ServerNode:
 
     @property
     def answering(self) -> bool:
-        return self.server is not None and self.server.gate.is_set()
+        return self.server is not None and self.server.answering.is_set()
 
     def start(self) -> None:
         self.server = SimServer(self.cfg, runtime_dir=f"{self.root}/run")
@@ -126,7 +129,7 @@ class ServerNode:
         srv, self.server = self.server, None
         if srv is None:
             return
-        srv.gate.set()
+        srv.answering.set()
         if crash:
             srv.crash()
         srv.stop()

@@ -433,9 +433,9 @@ class World:
     def server_event(self, kind: str) -> None:
         node, srv = self.node, self.node.server
         if kind == "srv_pause" and srv is not None:
-            srv.gate.clear()
+            srv.answering.clear()
         elif kind == "srv_resume" and srv is not None:
-            srv.gate.set()
+            srv.answering.set()
         elif kind == "srv_drop" and srv is not None:
             srv.drop_replies += 1
         elif kind == "srv_expire" and srv is not None:
@@ -472,7 +472,7 @@ class World:
             # an engine does not start without its server (a config error): it comes back first
             if self.node.server is None:
                 self.start_server()
-            self.node.server.gate.set()
+            self.node.server.answering.set()
         new = self._engine(e.name, e.tp)
         self.engines[self.engines.index(e)] = new
         lost = kept - set(new.cache.backend.recovered)
@@ -493,7 +493,7 @@ class World:
         if self.node is not None:
             if self.node.server is None:
                 self.start_server()
-            self.node.server.gate.set()
+            self.node.server.answering.set()
             self.node.server.drop_replies = 0
         for e in self.engines:
             for _ in range(400):
