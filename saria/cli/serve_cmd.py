@@ -70,6 +70,10 @@ _REMOTE_FLAGS = (
     ("--remote-segment", "segment_bytes", "memory this node lends the cluster (default 1GB; 0: none)"),
     ("--remote-buffer", "local_buffer_bytes", "Mooncake's own transfer buffer (default 64MB)"),
     ("--remote-deadline", "deadline", "the longest one remote call may take (default 50ms)"),
+    ("--remote-fleet-key", "fleet_key_file", "the fleet's key file, mode 0600 (saria fleet-key "
+     "makes one); --remote needs it or --remote-fleet-key-env"),
+    ("--remote-fleet-key-env", "fleet_key_env", "an environment variable holding the fleet's key"),
+    ("--remote-fleet-key-id", "fleet_key_id", "the fleet key id to sign with (default: the highest)"),
 )
 
 
