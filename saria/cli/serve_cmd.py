@@ -1,7 +1,8 @@
 """``saria serve``: one cache per node; ``saria status ADDRESS``: its figures.
 
     saria serve --dram 64GB --ssd-dir /mnt/nvme0/kv --ssd-dir /mnt/nvme1/kv --ssd-bytes 2TB
-    saria serve --dram 64GB --remote mooncake://10.0.0.5:50051 --remote-segment 32GB
+    saria serve --dram 64GB --remote mooncake://10.0.0.5:50051 --remote-segment 32GB \
+        --remote-fleet-key /etc/saria/fleet.key
     saria status ipc:///run/user/1000/saria/serve.sock
 
 Engines point their connector's ``server`` key at ``--listen``. ``--remote``

@@ -36,7 +36,8 @@ server_timeout_s   deadline of each call to the server; a miss past it (1.0)
 engine_name        this engine's name in the server's figures ("vllm")
 remote             the cluster tier of an in-process cache: a mapping of
                    ``RemoteSettings.from_mapping`` keys ({"master":
-                   "mooncake://HOST:PORT", "segment_bytes": "4GB", ...});
+                   "mooncake://HOST:PORT", "fleet_key_file": PATH (required,
+                   or "fleet_key_env": VAR), "segment_bytes": "4GB", ...});
                    with ``server``, ``saria serve --remote`` owns it (none)
 =================  ==========================================================
 
