@@ -301,3 +301,15 @@ def test_fleet_key_file_must_be_ours_and_private(tmp_path, monkeypatch):
     monkeypatch.delenv(KEY_ENV)
     with pytest.raises(ConfigError, match=r"^remote\.fleet_key_env: \$SARIA_TEST_FLEET_KEY is not set"):
         RemoteSettings.from_mapping({"master": "mooncake://h:1", "fleet_key_env": KEY_ENV})
+
+
+def test_saria_fleet_key_writes_a_private_file_once(tmp_path, capsys):
+    from saria.cli.main import main
+    from saria.tiers.remote import FleetKeys
+
+    path = tmp_path / "fleet.key"
+    assert main(["fleet-key", "--id", "4", "--out", str(path)]) == 0
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert FleetKeys.from_file(str(path)).write_id == 4
+    assert main(["fleet-key", "--out", str(path)]) == 2  # never over an existing file
+    assert "--out: " in capsys.readouterr().err

@@ -97,3 +97,32 @@ def test_the_attacker_cannot_remove_the_victims_rows_by_name(master, victim):
     attack(master, "remove", keys)
     out = np.zeros_like(data)
     assert victim.get(keys, out).ok.all() and np.array_equal(out, data)
+
+
+def test_a_rotation_finds_rows_the_old_key_wrote(master):
+    """Node A writes with key 1; node B's ring holds 1 and 2 and writes with
+    2: B finds and loads A's rows (their old names, in the same lookup call),
+    and A's rows are misses for a node whose ring holds only key 2."""
+    from saria.tiers.remote import FleetKeys
+    from saria.tiers.remote.fleetkey import generate
+
+    k1, k2 = generate(1), generate(2)
+    ring = lambda text: FleetKeys.parse(text, source="test")  # noqa: E731
+    tiers = [RemoteTier(master.settings(segment_bytes=s, staging_rows=16, deadline_s=2.0,
+                                        exist_cache_s=0.0, fleet_keys=ring(text)), NS, BLOCK)
+             for s, text in ((64 << 20, k1), (0, f"{k1}\n{k2}"), (0, k2))]
+    a, b, c = tiers
+    try:
+        keys, data = blocks(3, BLOCK, 14)
+        assert a.put(keys, data).stored.all()
+        assert b.exists(keys).all() and not c.exists(keys).any()
+        out = np.zeros_like(data)
+        assert b.get(keys, out).ok.all() and np.array_equal(out, data)
+        assert not c.get(keys, np.zeros_like(data)).ok.any()
+        more, more_data = blocks(2, BLOCK, 15)
+        assert b.put(more, more_data).stored.all()  # written with key 2: c reads it, a does not
+        assert c.get(more, out[:2]).ok.all() and np.array_equal(out[:2], more_data)
+        assert not a.exists(more).any()
+    finally:
+        for t in tiers:
+            t.close()

@@ -1,6 +1,7 @@
 """``saria fleet-key``: a new fleet key for the cluster tier's signed rows.
 
-    saria fleet-key --id 1 > /etc/saria/fleet.key    # then chmod 600; copy to every node
+    saria fleet-key --out /etc/saria/fleet.key       # mode 0600; copy it to every node
+    saria fleet-key --id 2 >> /etc/saria/fleet.key   # a second key, for a rotation
 
 Prints one ``ID:HEX`` line (32 bytes from the OS's CSPRNG); with ``--out``
 it writes the file itself, created with mode 0600 and never over an

@@ -188,7 +188,7 @@ def _fleet_keys(a: dict[str, Any]) -> FleetKeys:
     if env:
         return FleetKeys.from_env(str(env), write_id=kid)
     raise ConfigError("remote.fleet_key_file", "a cluster tier needs the fleet's key (a file of "
-                      "this user, mode 0600: saria fleet-key > FILE) or fleet_key_env naming a "
+                      "this user, mode 0600: saria fleet-key --out FILE) or fleet_key_env naming a "
                       "variable; rows are signed with it")
 
 
