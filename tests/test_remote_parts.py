@@ -313,3 +313,30 @@ def test_saria_fleet_key_writes_a_private_file_once(tmp_path, capsys):
     assert FleetKeys.from_file(str(path)).write_id == 4
     assert main(["fleet-key", "--out", str(path)]) == 2  # never over an existing file
     assert "--out: " in capsys.readouterr().err
+
+
+def test_the_row_mac_is_hmac_sha256_of_the_documented_input():
+    """The format the module docstring gives (another implementation -- the
+    attack tests' raw client -- derives keys and MACs from it)."""
+    import hashlib
+    import hmac
+
+    from saria.tiers.remote import SignedRowCodec
+
+    line = generate(3)
+    key = bytes.fromhex(line.split(":")[1])
+    for block, n in ((4096, 1), (1 << 20, 3)):  # the caller's thread, and the pool's
+        codec = SignedRowCodec("ns", block, _ring(line))
+        rng = np.random.default_rng(block)
+        keys = rng.integers(0, 256, (n, 32), dtype=np.uint8)
+        payload = rng.integers(0, 256, (n, block), dtype=np.uint8)
+        heads = np.zeros((n, HEADER_BYTES), np.uint8)
+        codec.encode(heads, payload, np.arange(n), keys)
+        mk = hmac.digest(key, b"saria-row-mac\0ns", "sha256")
+        tag = hashlib.blake2b(b"ns", digest_size=8).digest()
+        for i in range(n):
+            h = heads[i].tobytes()
+            assert h[:32] == b"SARIAROW" + np.array([2, block, 3, 0], "<u4").tobytes() + tag
+            assert h[32:] == hmac.digest(mk, h[:32] + keys[i].tobytes() + payload[i].tobytes(), "sha256")
+        nk = hmac.digest(key, b"saria-row-name\0ns", "sha256")
+        assert codec.keys(keys)[0] == f"saria/r2/3/{hmac.digest(nk, keys[0].tobytes(), 'sha256').hex()}"
