@@ -23,7 +23,7 @@ from remote_node_child import blocks  # noqa: E402
 
 from saria.policy.publish import PublishPolicy  # noqa: E402
 from saria.runtime import CacheConfig, TieredCache  # noqa: E402
-from saria.tiers.remote import RemoteSettings, RemoteTier, client_env  # noqa: E402
+from saria.tiers.remote import FleetKeys, RemoteSettings, RemoteTier, client_env  # noqa: E402
 
 
 def main() -> None:
@@ -31,7 +31,8 @@ def main() -> None:
     block = int(block)
     client_env()
     s = RemoteSettings(master=master, metadata_server=metadata, local_hostname="127.0.0.1",
-                       segment_bytes=128 << 20, staging_rows=16, deadline_s=5.0)
+                       segment_bytes=128 << 20, staging_rows=16, deadline_s=5.0,
+                       fleet_keys=FleetKeys.from_env("SARIA_FLEET_KEY"))
     tier = RemoteTier(s, namespace, block)
     cfg = CacheConfig(block_bytes=block, dram_bytes=64 * block, ssd_dirs=(ssd_dir,),
                       ssd_bytes=64 * block, write_mode="async")

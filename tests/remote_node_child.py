@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from saria.tiers.remote import RemoteSettings, RemoteTier, client_env
+from saria.tiers.remote import FleetKeys, RemoteSettings, RemoteTier, client_env
 
 
 def blocks(n: int, block: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,7 +37,8 @@ def main() -> None:
     master, metadata, namespace, block, n, seed = sys.argv[1:7]
     client_env()
     s = RemoteSettings(master=master, metadata_server=metadata, local_hostname="127.0.0.1",
-                       segment_bytes=128 << 20, staging_rows=16, deadline_s=5.0)
+                       segment_bytes=128 << 20, staging_rows=16, deadline_s=5.0,
+                       fleet_keys=FleetKeys.from_env("SARIA_FLEET_KEY"))
     tier = RemoteTier(s, namespace, int(block))
     keys, data = blocks(int(n), int(block), int(seed))
     res = tier.put(keys, data)

@@ -98,18 +98,22 @@ def test_a_cache_server_owns_the_tiers_and_policies():
         parse_config({"server": "ipc:///tmp/x.sock", "server_timeout_s": 0})
 
 
-def test_the_remote_key_is_checked_by_its_own_keys():
+def test_the_remote_key_is_checked_by_its_own_keys(monkeypatch):
     """``remote``: the cluster tier's settings, each bad one named under
     ``remote.``; beside ``server`` it is the server's (``saria serve --remote``)."""
+    from saria.tiers.remote.fleetkey import generate
+
+    monkeypatch.setenv("SARIA_TEST_FLEET_KEY", generate(1))
     cfg = parse_config({"dram_bytes": "1GB", "remote": {"master": "mooncake://10.0.0.5:50051",
-                                                        "segment_bytes": "4GB",
-                                                        "deadline": "20ms"}})
+                                                        "segment_bytes": "4GB", "deadline": "20ms",
+                                                        "fleet_key_env": "SARIA_TEST_FLEET_KEY"}})
     assert cfg.remote["master"] == "mooncake://10.0.0.5:50051"
     assert parse_config({"dram_bytes": "1GB"}).remote is None
     for remote, text in (({"segment_bytes": "4GB"}, "remote.master: is required"),
                          ({"master": "mooncake://h:1", "lane": 0}, "remote.lane:"),
                          ({"master": "mooncake://h:1", "protocol": "udp"}, "remote.protocol:"),
                          ({"master": "mooncake://h:1", "segmet_bytes": 1}, "remote.segmet_bytes: unknown"),
+                         ({"master": "mooncake://h:1"}, "remote.fleet_key_file: a cluster tier needs"),
                          ("mooncake://h:1", "remote: must be a mapping")):
         with pytest.raises(ConfigError, match=f"^{text}"):
             parse_config({"dram_bytes": "1GB", "remote": remote})

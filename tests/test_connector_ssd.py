@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from saria.index import Tier
+from saria.tiers.dram import private_dir
 from vllm_harness import BS, SLOT, engine, expect, generate, model_dir, scheduler_connector
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -109,8 +110,9 @@ def test_a_second_engine_on_the_same_drive_is_refused(model, long_want, tmp_path
         line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         assert p.returncode == 0 and line, p.stderr[-3000:]
         err = json.loads(line[-1][7:])["error"]
-        assert not [f for f in os.listdir("/dev/shm") if f.startswith("saria-pool-") and
-                    os.stat(os.path.join("/dev/shm", f)).st_mtime > started]  # nothing left
+        shm = private_dir("/dev/shm")  # where the connector keeps its pools
+        assert not [f for f in os.listdir(shm) if f.startswith("saria-pool-") and
+                    os.stat(os.path.join(shm, f)).st_mtime > started]  # nothing left
         assert "ssd_dirs:" in err and "is in use by another saria cache" in err
         assert f"(pid {os.getpid()})" in err
         s = scheduler_connector(llm)._scheduler

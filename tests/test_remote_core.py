@@ -45,7 +45,7 @@ class Node:
         tmp.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [sys.executable, str(HERE / "remote_cache_child.py"), master.url,
-             master.metadata_server, NS, str(BLOCK), str(tmp)],
+             master.metadata_server, NS, str(BLOCK), str(tmp)], env=master.key_env(),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
 
     def put(self, n: int, seed: int) -> int:

@@ -11,17 +11,25 @@ from hypothesis import given, settings as hsettings, strategies as st
 
 from saria import _store
 from saria.errors import ConfigError
+from saria.tiers.remote.fleetkey import generate
 from saria.tiers.remote import (HEADER_BYTES, BreakerState, Guard, RemoteSettings, RemoteUnavailable,
                                 RowCodec, crc32c_rows, object_key, parse_master_url)
 
 BASE = dict(master="mooncake://127.0.0.1:50051", metadata_server="http://127.0.0.1:8080/metadata")
+KEY_ENV = "SARIA_TEST_FLEET_KEY"
+
+
+@pytest.fixture(autouse=True)
+def _fleet_key(monkeypatch):
+    monkeypatch.setenv(KEY_ENV, generate(1))
 
 
 # ---------------------------------------------------------------- settings
 
 def test_settings_from_mapping_parses_sizes_and_durations():
     s = RemoteSettings.from_mapping({"master": "mooncake://10.0.0.5:50051", "segment_bytes": "4GiB",
-                                     "deadline": "20ms", "metadata_port": 8081, "lane": "3"})
+                                     "deadline": "20ms", "metadata_port": 8081, "lane": "3",
+                                     "fleet_key_env": KEY_ENV})
     assert s.segment_bytes == 4 << 30 and s.deadline_s == pytest.approx(0.02) and s.lane == 3
     assert s.metadata_server == "http://10.0.0.5:8081/metadata"
     assert s.master_address == "10.0.0.5:50051"
@@ -226,3 +234,109 @@ def test_no_probe_while_late_calls_hold_the_lane():
         time.sleep(0.01)
     assert g.submit("op", lambda: 1).outcome.ok and g.state == BreakerState.CLOSED
     g.close()
+
+
+# ---------------------------------------------------------------- signed rows and the fleet key
+
+def _ring(text: str, write_id=None):
+    from saria.tiers.remote import FleetKeys
+    return FleetKeys.parse(text, source="t", write_id=write_id)
+
+
+def test_signed_rows_verify_only_unchanged_and_under_a_key_of_the_ring():
+    from saria.tiers.remote import SignedRowCodec
+
+    block, n = 4096, 6
+    rng = np.random.default_rng(5)
+    keys = rng.integers(0, 256, (n, 32), dtype=np.uint8)
+    payload = rng.integers(0, 256, (n, block), dtype=np.uint8)
+    k1, k2 = generate(1), generate(2)
+    old, new = SignedRowCodec("ns", block, _ring(k1)), SignedRowCodec("ns", block, _ring(f"{k1}\n{k2}"))
+    assert new.key_id == 2 and new.read_ids == [1]
+    heads = np.zeros((n, HEADER_BYTES), np.uint8)
+    old.encode(heads, payload, np.arange(n), keys)
+    assert old.verify(heads, payload, np.arange(n), keys).all()
+    assert new.verify(heads, payload, np.arange(n), keys).all()  # an old key of the ring
+    assert not SignedRowCodec("ns", block, _ring(k2, 2)).verify(heads, payload, np.arange(n), keys).any()
+    assert not SignedRowCodec("ns2", block, _ring(k1)).verify(heads, payload, np.arange(n), keys).any()
+    assert not old.verify(heads, payload, np.arange(n), keys[::-1]).any()  # another block's row
+    for pos in (0, 9, 13, 17, 22, 26, 40, 63):  # every header field, the MAC itself
+        bad = heads.copy()
+        bad[2, pos] ^= 1
+        assert old.verify(bad, payload, np.arange(n), keys).tolist() == [i != 2 for i in range(n)]
+    p = payload.copy()
+    p[4, 4000] ^= 0x80
+    assert old.verify(heads, p, np.arange(n), keys).tolist() == [i != 4 for i in range(n)]
+    # names: secret per key and namespace, never the public v1 name
+    names = old.keys(keys)
+    assert names == [old.key(k.tobytes()) for k in keys] == new.names(keys, 1)
+    assert new.keys(keys) != names and SignedRowCodec("ns2", block, _ring(k1)).keys(keys) != names
+    assert not set(names) & {object_key("ns", k.tobytes()) for k in keys}
+    assert "ns" not in names[0] and keys[0].tobytes().hex() not in names[0]
+
+
+def test_fleet_key_file_must_be_ours_and_private(tmp_path, monkeypatch):
+    from saria.tiers.remote import FleetKeys
+
+    path = tmp_path / "fleet.key"
+    path.write_text(f"# two keys\n{generate(7)}\n{generate(3)}\n")
+    path.chmod(0o644)
+    with pytest.raises(ConfigError, match=r"^remote\.fleet_key_file: .*mode 0644.*chmod 600"):
+        FleetKeys.from_file(str(path))
+    path.chmod(0o600)
+    ring = FleetKeys.from_file(str(path))
+    assert ring.write_id == 7 and sorted(ring.keys) == [3, 7] and "7" in repr(ring)
+    assert ring.write_key.hex() not in repr(ring)
+    assert FleetKeys.from_file(str(path), write_id=3).write_id == 3
+    with pytest.raises(ConfigError, match=r"^remote\.fleet_key_id: 5 is not in"):
+        FleetKeys.from_file(str(path), write_id=5)
+    for text in ("1:abcd", "0:" + "00" * 32, "x:" + "00" * 32, f"{generate(1)},{generate(1)}", "# none"):
+        with pytest.raises(ConfigError):
+            FleetKeys.parse(text, source="t")
+    s = RemoteSettings.from_mapping({"master": "mooncake://h:1", "fleet_key_file": str(path)})
+    assert s.fleet_keys.write_id == 7
+    with pytest.raises(ConfigError, match=r"^remote\.fleet_key_file: give .* not both"):
+        RemoteSettings.from_mapping({"master": "mooncake://h:1", "fleet_key_file": str(path),
+                                     "fleet_key_env": KEY_ENV})
+    monkeypatch.delenv(KEY_ENV)
+    with pytest.raises(ConfigError, match=r"^remote\.fleet_key_env: \$SARIA_TEST_FLEET_KEY is not set"):
+        RemoteSettings.from_mapping({"master": "mooncake://h:1", "fleet_key_env": KEY_ENV})
+
+
+def test_saria_fleet_key_writes_a_private_file_once(tmp_path, capsys):
+    from saria.cli.main import main
+    from saria.tiers.remote import FleetKeys
+
+    path = tmp_path / "fleet.key"
+    assert main(["fleet-key", "--id", "4", "--out", str(path)]) == 0
+    assert (path.stat().st_mode & 0o777) == 0o600
+    assert FleetKeys.from_file(str(path)).write_id == 4
+    assert main(["fleet-key", "--out", str(path)]) == 2  # never over an existing file
+    assert "--out: " in capsys.readouterr().err
+
+
+def test_the_row_mac_is_hmac_sha256_of_the_documented_input():
+    """The format the module docstring gives (another implementation -- the
+    attack tests' raw client -- derives keys and MACs from it)."""
+    import hashlib
+    import hmac
+
+    from saria.tiers.remote import SignedRowCodec
+
+    line = generate(3)
+    key = bytes.fromhex(line.split(":")[1])
+    for block, n in ((4096, 1), (1 << 20, 3)):  # the caller's thread, and the pool's
+        codec = SignedRowCodec("ns", block, _ring(line))
+        rng = np.random.default_rng(block)
+        keys = rng.integers(0, 256, (n, 32), dtype=np.uint8)
+        payload = rng.integers(0, 256, (n, block), dtype=np.uint8)
+        heads = np.zeros((n, HEADER_BYTES), np.uint8)
+        codec.encode(heads, payload, np.arange(n), keys)
+        mk = hmac.digest(key, b"saria-row-mac\0ns", "sha256")
+        tag = hashlib.blake2b(b"ns", digest_size=8).digest()
+        for i in range(n):
+            h = heads[i].tobytes()
+            assert h[:32] == b"SARIAROW" + np.array([2, block, 3, 0], "<u4").tobytes() + tag
+            assert h[32:] == hmac.digest(mk, h[:32] + keys[i].tobytes() + payload[i].tobytes(), "sha256")
+        nk = hmac.digest(key, b"saria-row-name\0ns", "sha256")
+        assert codec.keys(keys)[0] == f"saria/r2/3/{hmac.digest(nk, keys[0].tobytes(), 'sha256').hex()}"

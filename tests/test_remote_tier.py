@@ -153,7 +153,7 @@ def test_a_block_another_node_put_is_found_and_lost_with_that_node(master):
     keys, data = _fresh(8, 6)
     child = subprocess.Popen(
         [sys.executable, str(HERE / "remote_node_child.py"), master.url, master.metadata_server,
-         "ns-a", str(BLOCK), "8", "6"],
+         "ns-a", str(BLOCK), "8", "6"], env=master.key_env(),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"

@@ -33,7 +33,7 @@ def master():
 def remote_args(master, segment: str = "32MB") -> list[str]:
     return ["--remote", master.url, "--remote-metadata", master.metadata_server,
             "--remote-host", "127.0.0.1", "--remote-segment", segment,
-            "--remote-deadline", "500ms"]
+            "--remote-deadline", "500ms", "--remote-fleet-key", master.key_file()]
 
 
 def _free_port() -> int:
@@ -95,6 +95,9 @@ def test_node_b_serves_what_node_a_published(master, tmp_path):
     (["--remote", "mooncake://127.0.0.1:1", "--remote-segment", "1MB"],
      "remote.segment_bytes: must be 0"),
     (["--remote", "mooncake://127.0.0.1:1", "--remote-deadline", "soon"], "remote.deadline"),
+    (["--remote", "mooncake://127.0.0.1:1"], "remote.fleet_key_file: a cluster tier needs the fleet's key"),
+    (["--remote", "mooncake://127.0.0.1:1", "--remote-fleet-key", "/nonexistent/k"],
+     "remote.fleet_key_file: /nonexistent/k: No such file"),
 ])
 def test_bad_remote_flags_are_one_line_errors(tmp_path, argv, message):
     r = subprocess.run([sys.executable, "-m", "saria.cli.main", "serve", "--listen",

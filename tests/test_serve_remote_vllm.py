@@ -123,7 +123,8 @@ def test_in_process_caches_with_the_remote_key_share_a_prefix(model, want, tmp_p
     with MooncakeMaster() as master:
         holder = start_holder(master.settings(), 64 << 20)
         remote = {"master": master.url, "metadata_server": master.metadata_server,
-                  "local_hostname": "127.0.0.1", "segment_bytes": 0, "deadline": "500ms"}
+                  "local_hostname": "127.0.0.1", "segment_bytes": 0, "deadline": "500ms",
+                  "fleet_key_file": master.key_file()}
         try:
             extra = json.dumps({"dram_bytes": 64 * SLOT, "remote": remote})
             a = Child(model, extra, "A", [{"prompt": LONG}, {"prompt": LONG}])

@@ -215,7 +215,7 @@ void SsdStore::write_checkpoint(Drive& dr) {
 
   auto put_file = [&](const char* name, const uint8_t* p, size_t n, bool keep) -> int {
     std::string path = dr.dir + "/" + name, tmp = path + ".tmp";
-    int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (opt_.direct ? O_DIRECT : 0), 0644);
+    int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (opt_.direct ? O_DIRECT : 0), 0600);
     if (fd < 0) {
       int e = errno;
       throw OsFailure(e, "drive " + dr.dir + ": cannot create " + tmp + ": " + errstr(e));

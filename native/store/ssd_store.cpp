@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -198,7 +199,7 @@ void SsdStore::create_file(Drive& dr, uint32_t index) {
   std::string tmp = dr.path + ".tmp";
   ::unlink(tmp.c_str());
   int flags = O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | (opt_.direct ? O_DIRECT : 0);
-  int fd = ::open(tmp.c_str(), flags, 0644);
+  int fd = ::open(tmp.c_str(), flags, 0600);  // the KV of every cached prompt: this user's only
   if (fd < 0) {
     int e = errno;
     throw OsFailure(e, "drive " + dr.dir + ": cannot create " + tmp + ": " + errstr(e) +
@@ -319,10 +320,16 @@ void SsdStore::open_reader(Drive& dr) {
 
 void SsdStore::take_ownership(Drive& dr) {
   std::string path = dr.dir + "/" + kOwnerFileName;
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     int e = errno;
     throw OsFailure(e, "drive " + dr.dir + ": cannot open " + path + ": " + errstr(e));
+  }
+  try {
+    make_private(fd, path, "drive " + dr.dir);
+  } catch (...) {
+    ::close(fd);
+    throw;
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     int e = errno;
@@ -353,12 +360,31 @@ void SsdStore::open_drive(size_t d, uint32_t index) {
       int e = errno;
       throw OsFailure(e, "drive " + dr.dir + ": " + errstr(e));
     }
-    if (::mkdir(dr.dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(dr.dir.c_str(), 0700) != 0 && errno != EEXIST) {
       int e = errno;
       throw OsFailure(e, "drive " + dr.dir + ": cannot create the directory: " + errstr(e));
     }
   } else if (!S_ISDIR(st.st_mode)) {
     throw OsFailure(ENOTDIR, "drive " + dr.dir + ": not a directory");
+  } else if (st.st_mode & (S_ISVTX | S_IWOTH)) {  // /tmp, /dev/shm: never chmod a shared folder
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    throw OsFailure(EPERM, "drive " + dr.dir + ": a folder every user may write to (mode " + mode +
+                               "); give saria a folder of its own inside it");
+  }
+  {
+    int dfd = ::open(dr.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+      int e = errno;
+      throw OsFailure(e, "drive " + dr.dir + ": cannot open the directory: " + errstr(e));
+    }
+    try {
+      make_private(dfd, dr.dir, "drive " + dr.dir);  // 0700: no other user lists or reads it
+    } catch (...) {
+      ::close(dfd);
+      throw;
+    }
+    ::close(dfd);
   }
   take_ownership(dr);
   int flags = O_RDWR | O_CLOEXEC | (opt_.direct ? O_DIRECT : 0);
@@ -372,6 +398,13 @@ void SsdStore::open_drive(size_t d, uint32_t index) {
                            (e == EINVAL && opt_.direct ? " (the filesystem may not support O_DIRECT)" : ""));
   } else {
     dr.fd = fd;
+    try {
+      make_private(fd, dr.path, "drive " + dr.dir);
+    } catch (...) {
+      ::close(fd);
+      dr.fd = -1;
+      throw;
+    }
     uint8_t* sb = tl_buf.get(kAlign);
     int e = 0;
     ssize_t r;

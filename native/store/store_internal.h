@@ -3,6 +3,10 @@
 // staging buffers and the in-memory slot check.
 #pragma once
 
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <array>
 #include <cstdint>
 #include <cstdlib>
@@ -31,6 +35,25 @@ inline uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 inline std::string errstr(int e) {
   char buf[256];
   return std::string(strerror_r(e, buf, sizeof buf));
+}
+
+// A file or directory of a drive is private to this user: owned by the
+// effective uid (else refused: another user's file is never used), with no
+// group/other bits (ours and looser -- made by an older saria, 0644/0755 --
+// is tightened in place). `fd` is open on it; `what` names it in errors.
+inline void make_private(int fd, const std::string& path, const std::string& what) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    int e = errno;
+    throw OsFailure(e, what + ": cannot stat " + path + ": " + errstr(e));
+  }
+  if (st.st_uid != ::geteuid())
+    throw OsFailure(EPERM, what + ": " + path + " is owned by uid " + std::to_string(st.st_uid) +
+                             ", not this user (" + std::to_string(::geteuid()) + "); refusing to use it");
+  if ((st.st_mode & 077) != 0 && ::fchmod(fd, st.st_mode & 07700) != 0) {
+    int e = errno;
+    throw OsFailure(e, what + ": cannot make " + path + " private (chmod): " + errstr(e));
+  }
 }
 
 // Aligned staging buffer, one per thread, grown on demand.

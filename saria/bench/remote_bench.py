@@ -6,10 +6,17 @@ size is put and got back by
 * **raw**: Mooncake's zero-copy calls on registered memory
   (``batch_put_from`` / ``batch_get_into``), the bytes as they are;
 * **saria**: ``RemoteTier.put`` / ``get`` from and into the same registered
-  rows -- a 64-byte header per object, crc32c on both sides, the
-  ``batch_is_exist`` a put asks first, the verification of every row.
+  rows -- a 64-byte header per object signed with HMAC-SHA256 over header,
+  key and payload, the ``batch_is_exist`` a put asks first, the
+  verification of every row;
+* **unsigned** (``row_mac_off=True``, ``--compare-row-mac``): the same tier
+  writing and reading unsigned v1 rows (crc32c only), another client of its
+  own -- what signing costs, in the same run (``*_mac_paired_ratio``:
+  signed over unsigned, each repetition's runs side by side). ``mac`` is
+  the MAC's raw cost per block: ``SignedRowCodec.encode`` and ``verify`` of
+  ``batch`` rows in memory, no transport.
 
-The two alternate within each repetition (ABBA) after one uncounted warm-up
+The paths take turns within each repetition (the order rotates) after one uncounted warm-up
 repetition, objects are removed after each, and the figure is payload bytes
 per second (saria's headers not counted): the medians of each path, their
 ratio, and the median of each repetition's own ratio (``*_paired_ratio``:
@@ -52,25 +59,47 @@ def _timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - t0, out
 
 
+def _mac_cost(codec, src: np.ndarray, keys: np.ndarray, reps: int) -> dict:
+    """Median seconds per block of signing and of verifying ``src``'s rows."""
+    heads = np.zeros((len(src), 64), np.uint8)
+    idx = np.arange(len(src))
+    enc, ver = [], []
+    for _ in range(max(3, reps)):
+        t, _ = _timed(lambda: codec.encode(heads, src, idx, keys))
+        enc.append(t / len(src))
+        t, ok = _timed(lambda: codec.verify(heads, src, idx, keys))
+        if not ok.all():
+            raise RuntimeError("mac cost: a signed row did not verify")
+        ver.append(t / len(src))
+    n = src.shape[1]
+    return {"sign_us": _median(enc) * 1e6, "verify_us": _median(ver) * 1e6,
+            "sign_GBps": n / _median(enc) / 1e9, "verify_GBps": n / _median(ver) / 1e9}
+
+
 def _size_case(master: MooncakeMaster, object_bytes: int, batch: int, reps: int,
-               seed: int) -> dict:
+               seed: int, unsigned: bool = False) -> dict:
     settings = master.settings(segment_bytes=0, staging_rows=batch, deadline_s=120.0, lane=1,
                                exist_cache_s=0.0, local_buffer_bytes=16 << 20)
     tier = RemoteTier(settings, "bench", object_bytes)
+    plain = RemoteTier(settings, "bench", object_bytes, signed=False) if unsigned else None
     store = tier._store  # the same client, for Mooncake's own calls
     rng = np.random.default_rng(seed)
     src = rng.integers(0, 256, (batch, object_bytes), dtype=np.uint8)
     dst = np.zeros_like(src)
-    tier.register(src)
-    tier.register(dst)
+    for t in (tier, plain):
+        if t is not None:
+            t.register(src)
+            t.register(dst)
+    modes = ["raw", "saria"] + (["unsigned"] if unsigned else [])
     ptr_src = [src.ctypes.data + i * object_bytes for i in range(batch)]
     ptr_dst = [dst.ctypes.data + i * object_bytes for i in range(batch)]
     sizes = [object_bytes] * batch
-    rates: dict[str, list[float]] = {f"{m}_{op}": [] for m in ("raw", "saria") for op in ("put", "get")}
+    rates: dict[str, list[float]] = {f"{m}_{op}": [] for m in modes for op in ("put", "get")}
     payload = batch * object_bytes
     try:
-        for rep in range(-1, reps):  # rep -1 warms both paths (the holder's pages) uncounted
-            order = ("raw", "saria") if rep % 2 == 0 else ("saria", "raw")
+        for rep in range(-1, reps):  # rep -1 warms every path (the holder's pages) uncounted
+            k = (rep + 1) % len(modes)
+            order = modes[k:] + modes[:k] if rep % 2 == 0 else (modes[k:] + modes[:k])[::-1]
             for mode in order:
                 keys = rng.integers(0, 256, (batch, 32), dtype=np.uint8)
                 dst[:] = 0
@@ -84,21 +113,25 @@ def _size_case(master: MooncakeMaster, object_bytes: int, batch: int, reps: int,
                         raise RuntimeError(f"raw get failed: {rc}")
                     store.batch_remove(names, True)
                 else:
-                    tp, put = _timed(lambda: tier.put(keys, src))
+                    t = tier if mode == "saria" else plain
+                    tp, put = _timed(lambda: t.put(keys, src))
                     if not put.stored.all():
-                        raise RuntimeError(f"saria put failed: {tier.snapshot()['counters']}")
-                    tg, got = _timed(lambda: tier.get(keys, dst))
+                        raise RuntimeError(f"{mode} put failed: {t.snapshot()['counters']}")
+                    tg, got = _timed(lambda: t.get(keys, dst))
                     if not got.ok.all():
-                        raise RuntimeError(f"saria get failed: {tier.snapshot()['counters']}")
-                    tier.remove(keys, force=True)
+                        raise RuntimeError(f"{mode} get failed: {t.snapshot()['counters']}")
+                    t.remove(keys, force=True)
                 if not np.array_equal(dst, src):
                     raise RuntimeError(f"{mode} get returned other bytes")
                 if rep >= 0:
                     rates[f"{mode}_put"].append(payload / tp)
                     rates[f"{mode}_get"].append(payload / tg)
+        mac = _mac_cost(tier.codec, src, rng.integers(0, 256, (batch, 32), dtype=np.uint8), reps)
     finally:
         tier.close()
-    out = {"object_bytes": object_bytes, "batch": batch, "reps": reps}
+        if plain is not None:
+            plain.close()
+    out = {"object_bytes": object_bytes, "batch": batch, "reps": reps, "mac": mac}
     for k, v in rates.items():
         out[f"{k}_GBps"] = _median(v) / 1e9
         out[f"{k}_runs_GBps"] = [x / 1e9 for x in v]
@@ -106,6 +139,9 @@ def _size_case(master: MooncakeMaster, object_bytes: int, batch: int, reps: int,
         out[f"{op}_ratio"] = out[f"saria_{op}_GBps"] / out[f"raw_{op}_GBps"]
         paired = [a / b for a, b in zip(rates[f"saria_{op}"], rates[f"raw_{op}"])]
         out[f"{op}_paired_ratio"] = _median(paired)  # each repetition's two runs side by side
+        if unsigned:
+            paired = [a / b for a, b in zip(rates[f"saria_{op}"], rates[f"unsigned_{op}"])]
+            out[f"{op}_mac_paired_ratio"] = _median(paired)
     return out
 
 
@@ -183,7 +219,7 @@ def _lookup_case(master: MooncakeMaster, n_keys: int, calls: int, seed: int) -> 
 
 def run_remote_bench(object_sizes: Sequence[int], *, batch: int = 8, reps: int = 5,
                      lookup_keys: int = 64, lookup_calls: int = 500,
-                     holder_bytes: int | None = None, seed: int = 0,
+                     holder_bytes: int | None = None, seed: int = 0, compare_row_mac: bool = False,
                      progress: Callable[[str], None] | None = None) -> dict:
     """Starts a master and a holder on loopback, runs every case, stops them."""
     client_env()
@@ -196,7 +232,7 @@ def run_remote_bench(object_sizes: Sequence[int], *, batch: int = 8, reps: int =
             for i, size in enumerate(object_sizes):
                 if progress:
                     progress(f"objects of {size / 2**20:g} MiB")
-                sizes.append(_size_case(master, int(size), batch, reps, seed + i))
+                sizes.append(_size_case(master, int(size), batch, reps, seed + i, compare_row_mac))
             core = []
             for i, size in enumerate(object_sizes):
                 if progress:

@@ -20,6 +20,7 @@ _COMMANDS = (
     "saria.cli.traces_cmd",
     "saria.cli.bench_cmd",
     "saria.cli.serve_cmd",
+    "saria.cli.fleet_key_cmd",
     "saria.cli.lmcache_cmd",
     "saria.cli.store_cmd",
 )

@@ -1,7 +1,8 @@
 """``saria serve``: one cache per node; ``saria status ADDRESS``: its figures.
 
     saria serve --dram 64GB --ssd-dir /mnt/nvme0/kv --ssd-dir /mnt/nvme1/kv --ssd-bytes 2TB
-    saria serve --dram 64GB --remote mooncake://10.0.0.5:50051 --remote-segment 32GB
+    saria serve --dram 64GB --remote mooncake://10.0.0.5:50051 --remote-segment 32GB \
+        --remote-fleet-key /etc/saria/fleet.key
     saria status ipc:///run/user/1000/saria/serve.sock
     saria serve keygen --out /etc/saria/keys --name server --name engine-a
     saria serve --listen tcp://10.0.0.7:5555 --curve-secret /etc/saria/keys/server.key_secret \
@@ -146,6 +147,10 @@ _REMOTE_FLAGS = (
     ("--remote-segment", "segment_bytes", "memory this node lends the cluster (default 1GB; 0: none)"),
     ("--remote-buffer", "local_buffer_bytes", "Mooncake's own transfer buffer (default 64MB)"),
     ("--remote-deadline", "deadline", "the longest one remote call may take (default 50ms)"),
+    ("--remote-fleet-key", "fleet_key_file", "the fleet's key file, mode 0600 (saria fleet-key "
+     "makes one); --remote needs it or --remote-fleet-key-env"),
+    ("--remote-fleet-key-env", "fleet_key_env", "an environment variable holding the fleet's key"),
+    ("--remote-fleet-key-id", "fleet_key_id", "the fleet key id to sign with (default: the highest)"),
 )
 
 

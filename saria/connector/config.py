@@ -43,7 +43,8 @@ server_ssd_roots   the SSD roots the server may name (its --ssd-dir list);
                    none: folders of server_uid without group/other write bits
 remote             the cluster tier of an in-process cache: a mapping of
                    ``RemoteSettings.from_mapping`` keys ({"master":
-                   "mooncake://HOST:PORT", "segment_bytes": "4GB", ...});
+                   "mooncake://HOST:PORT", "fleet_key_file": PATH (required,
+                   or "fleet_key_env": VAR), "segment_bytes": "4GB", ...});
                    with ``server``, ``saria serve --remote`` owns it (none)
 =================  ==========================================================
 

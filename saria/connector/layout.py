@@ -75,6 +75,10 @@ def geometry(vllm_config, kv_cache_config, *, rank: int | None = None) -> Geomet
 
 
 def pool_path(vllm_config) -> str:
-    """The shared DRAM pool's file: one per engine (``engine_id`` is per engine)."""
+    """The shared DRAM pool's file: one per engine (``engine_id`` is per engine), in
+    this user's private folder on ``/dev/shm`` (``private_dir``: no other user can
+    plant or swap it; ``DramPool`` also checks the file's owner and mode)."""
+    from saria.tiers.dram import private_dir
+
     engine = vllm_config.kv_transfer_config.engine_id
-    return os.path.join("/dev/shm", f"saria-pool-{os.getuid()}-{engine}")
+    return os.path.join(private_dir("/dev/shm"), f"saria-pool-{engine}")

@@ -43,7 +43,10 @@ another thread frees it is the caller's race, as with any allocator.
 
 Sharing (``shared``). With ``shared=PATH`` the pool is a ``MAP_SHARED`` mapping of the file
 PATH (normally on ``/dev/shm``), created at the pool's size if missing and attached to if it
-exists with exactly that size. Two processes that open the same PATH see the same bytes: the
+exists with exactly that size. The file holds every cached prompt's KV: it is created with
+``O_EXCL`` (mode 0600) and an existing one is attached to only if it is a regular file (no
+symlink) of this user with no group/other bits -- a file another user planted under the name
+is refused, never mapped (``private_dir`` makes the folder such names live in). Two processes that open the same PATH see the same bytes: the
 vLLM connector's scheduler process owns the pool's allocator and the index, the worker process
 attaches and copies KV pages in and out of the slots the scheduler names. Each process keeps its
 own free list; only the owner's is used. Pinning a shared pool uses ``cudaHostRegister`` only
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import threading
 from typing import Any
 
@@ -68,7 +72,7 @@ import numpy as np
 from saria.errors import SariaError
 from saria.tiers.copy import copy_rows
 
-__all__ = ["DramPool", "DramPoolError", "DramPoolFull"]
+__all__ = ["DramPool", "DramPoolError", "DramPoolFull", "private_dir"]
 
 PAGE_SIZE = mmap.PAGESIZE
 _HUGE_PAGE = 2 << 20
@@ -102,6 +106,28 @@ def _cuda_torch():
     except Exception:
         return None
 
+
+
+def private_dir(base: str = "/dev/shm") -> str:
+    """``base/saria-<uid>``: a folder of this user's only (mode 0700), made with
+    ``mkdir`` or, if it exists, accepted only when ``lstat`` shows a real
+    directory of this user with no group/other bits. Pool files named in it
+    cannot be planted or swapped by another user (``base`` is shared, e.g. the
+    sticky ``/dev/shm``)."""
+    path = os.path.join(base, f"saria-{os.geteuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise DramPoolError(f"cannot create {path}: {exc}") from exc
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise DramPoolError(f"{path}: not a private folder of this user (owner uid {st.st_uid}, "
+                            f"mode {stat.S_IMODE(st.st_mode):04o}, "
+                            f"{'a directory' if stat.S_ISDIR(st.st_mode) else 'not a directory'}); "
+                            f"saria will not keep a pool there -- remove it")
+    return path
 
 class DramPool:
     """``num_slots`` slots of ``slot_bytes`` bytes in one host allocation (see the module doc)."""
@@ -163,12 +189,21 @@ class DramPool:
 
     def _map_shared(self, nbytes: int, prefault: bool) -> np.ndarray:
         path = self._shared
+        flags = os.O_RDWR | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+            except FileExistsError:  # the other side of the engine made it: check whose it is
+                fd = os.open(path, flags)
         except OSError as exc:
             raise DramPoolError(f"cannot open shared DRAM pool file {path}: {exc}") from exc
         try:
             st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+                raise DramPoolError(
+                    f"shared DRAM pool file {path}: refusing to map it (owner uid {st.st_uid}, "
+                    f"mode {stat.S_IMODE(st.st_mode):04o}; it must be a regular file of uid "
+                    f"{os.geteuid()} with mode 0600): remove it if it is not another user's")
             self._shared_id = (int(st.st_dev), int(st.st_ino))
             size = st.st_size
             if size == 0:

@@ -4,7 +4,9 @@
 server (no etcd), both on ``127.0.0.1`` by default, on free ports, and waits
 until both listen. ``kill()`` SIGKILLs it (every key is lost: no HA),
 ``restart()`` starts it again on the same ports. ``settings(...)`` gives the
-``RemoteSettings`` a client of it uses. Transfer engines bind where
+``RemoteSettings`` a client of it uses, signed with a fleet key made for
+this master (``fleet_key_line``; ``key_env()`` hands it to a child process
+as ``SARIA_FLEET_KEY``). Transfer engines bind where
 ``MC_TCP_BIND_ADDRESS`` says (``client_env()``: loopback), so nothing of a
 test leaves the machine::
 
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 from saria.errors import ConfigError, SariaError
+from saria.tiers.remote.fleetkey import FleetKeys, generate
 from saria.tiers.remote.settings import RemoteSettings
 
 __all__ = ["MooncakeMaster", "master_binary", "client_env", "mooncake_available"]
@@ -91,6 +94,8 @@ class MooncakeMaster:
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.starts = 0
+        self.fleet_key_line = generate(1)
+        self.fleet_keys = FleetKeys.parse(self.fleet_key_line, source="test key")
 
     @property
     def url(self) -> str:
@@ -103,9 +108,22 @@ class MooncakeMaster:
     def settings(self, **changes) -> RemoteSettings:
         """Settings of a client of this master (loopback TCP)."""
         base = dict(master=self.url, metadata_server=self.metadata_server, protocol="tcp",
-                    local_hostname=self.host)
+                    local_hostname=self.host, fleet_keys=self.fleet_keys)
         base.update(changes)
         return RemoteSettings(**base)
+
+    def key_file(self) -> str:
+        """A file (mode 0600, removed with the master's log folder) holding the fleet key."""
+        if getattr(self, "_key_file", None) is None:
+            fd, path = tempfile.mkstemp(prefix="saria-fleet-key-")  # mode 0600
+            with os.fdopen(fd, "w") as f:
+                f.write(self.fleet_key_line + "\n")
+            self._key_file = path
+        return self._key_file
+
+    def key_env(self, name: str = "SARIA_FLEET_KEY") -> dict[str, str]:
+        """This process's environment plus the fleet key, for a child node."""
+        return dict(os.environ, **{name: self.fleet_key_line})
 
     def start(self) -> "MooncakeMaster":
         if self.running:
@@ -143,6 +161,12 @@ class MooncakeMaster:
             self.proc.wait()
 
     def stop(self) -> None:
+        if getattr(self, "_key_file", None):
+            try:
+                os.unlink(self._key_file)
+            except OSError:
+                pass
+            self._key_file = None
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:

@@ -13,6 +13,11 @@ the key (``remote.deadline: must be > 0 s, got 0``). ``from_mapping`` takes
 the keys a connector's or server's configuration carries, with sizes and
 durations as people write them (``"256MB"``, ``"50ms"``) and unknown keys
 refused by name.
+
+Every configured cluster tier needs the fleet's key (``fleetkey.py``):
+``fleet_key_file`` (a file of this user, mode 0600) or ``fleet_key_env``
+(an environment variable), optionally ``fleet_key_id`` (the key it writes
+with); without one ``from_mapping`` refuses, naming ``remote.fleet_key_file``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from saria.errors import ConfigError
+from saria.tiers.remote.fleetkey import FleetKeys
 from saria.units import parse_duration, parse_size
 
 __all__ = ["RemoteSettings", "parse_master_url", "PROTOCOLS"]
@@ -75,6 +81,7 @@ class RemoteSettings:
     breaker_cooldown_s: float = 2.0     # down this long before one probe call
     exist_cache_s: float = 0.5          # how long a lookup's answer is reused
     max_lookup_keys: int = 64           # the most keys one lookup asks the cluster about
+    fleet_keys: FleetKeys | None = None # signs and names rows (required by from_mapping)
 
     def __post_init__(self) -> None:
         parse_master_url(self.master, key="remote.master")
@@ -101,6 +108,8 @@ class RemoteSettings:
                 raise ConfigError(f"remote.{name}", f"must be > 0 s, got {v!r}")
         if not isinstance(self.exist_cache_s, (int, float)) or self.exist_cache_s < 0:
             raise ConfigError("remote.exist_cache_s", f"must be >= 0 s, got {self.exist_cache_s!r}")
+        if self.fleet_keys is not None and not isinstance(self.fleet_keys, FleetKeys):
+            raise ConfigError("remote.fleet_keys", f"must be FleetKeys, got {type(self.fleet_keys).__name__}")
 
     # ------------------------------------------------------------ derived
 
@@ -128,18 +137,23 @@ class RemoteSettings:
         ``exist_cache``: no ``_s`` needed). Unknown keys are refused."""
         if not isinstance(d, Mapping):
             raise ConfigError(prefix, f"must be a mapping of settings, not {type(d).__name__}")
-        names = {f.name for f in fields(cls)}
+        names = {f.name for f in fields(cls)} - {"fleet_keys"}
         aliases = {n[:-2]: n for n in names if n.endswith("_s")}
         kw: dict[str, Any] = {}
         metadata_port = None
+        key_args: dict[str, Any] = {}
         for key, value in d.items():
             name = aliases.get(key, key)
             where = f"{prefix}.{key}"
             if key == "metadata_port":
                 metadata_port = _int(value, where)
                 continue
+            if key in _KEY_ARGS:
+                key_args[key] = _int(value, where) if key == "fleet_key_id" else value
+                continue
             if name not in names:
-                valid = sorted((names - set(aliases.values())) | set(aliases) | {"metadata_port"})
+                valid = sorted((names - set(aliases.values())) | set(aliases) | {"metadata_port"}
+                               | set(_KEY_ARGS))
                 raise ConfigError(where, f"unknown key; valid: {', '.join(valid)}")
             if name in ("segment_bytes", "local_buffer_bytes"):
                 value = int(parse_size(value, name=where))
@@ -156,9 +170,26 @@ class RemoteSettings:
             host, _ = parse_master_url(kw["master"], key=f"{prefix}.master")
             kw["metadata_server"] = f"http://{host}:{metadata_port or 8080}/metadata"
         try:
-            return cls(**kw)
+            return replace(cls(**kw), fleet_keys=_fleet_keys(key_args))  # other keys' errors first
         except ConfigError as e:  # re-key under the caller's prefix
             raise ConfigError(e.key.replace("remote", prefix, 1), str(e).partition(": ")[2]) from None
+
+
+_KEY_ARGS = ("fleet_key_file", "fleet_key_env", "fleet_key_id")
+
+
+def _fleet_keys(a: dict[str, Any]) -> FleetKeys:
+    """The ring the configuration names: exactly one of a file or a variable."""
+    path, env, kid = a.get("fleet_key_file"), a.get("fleet_key_env"), a.get("fleet_key_id")
+    if path and env:
+        raise ConfigError("remote.fleet_key_file", "give fleet_key_file or fleet_key_env, not both")
+    if path:
+        return FleetKeys.from_file(str(path), write_id=kid)
+    if env:
+        return FleetKeys.from_env(str(env), write_id=kid)
+    raise ConfigError("remote.fleet_key_file", "a cluster tier needs the fleet's key (a file of "
+                      "this user, mode 0600: saria fleet-key --out FILE) or fleet_key_env naming a "
+                      "variable; rows are signed with it")
 
 
 def _int(value: Any, where: str) -> int:

@@ -24,19 +24,28 @@ Behaviour
   header comes from the tier's own registered header rows, so the store holds
   one contiguous row). Rows that are not registered go through the tier's
   registered staging rows and one copy.
-* **Every byte verified.** A get is a hit only where Mooncake returned a
-  whole row and the row verifies (magic, format, length, key, namespace, both
-  crc32c): another model's or version's object, or a corrupted one, is a
-  miss; a corrupted object is removed from the cluster so a new put can
-  replace it (Mooncake keeps the old value on a put of an existing key).
+* **Every byte verified, every row signed.** A get is a hit only where
+  Mooncake returned a whole row and the row verifies: a version 2 row signed
+  with a key of the fleet's ring (``rows.SignedRowCodec``: HMAC-SHA256 over
+  header, block key and payload) under a name only key holders can derive.
+  Another model's or version's object, a forged or corrupted one is a miss
+  (``verify_failures``); it is removed from the cluster (``verify_removed``)
+  and its name is *distrusted*: until this node's own put lands there, a
+  lookup says absent and a put replaces the object instead of skipping it
+  (Mooncake keeps the old value on a put of an existing key, and an
+  attacker's pre-put row must not block the honest one).
+* **Rotation.** Names are derived with the write key; with older keys in the
+  ring (``codec.read_ids``) a lookup also asks their names (in the same
+  call) and a get tries them for blocks the write key's name lacks.
 * **Deadline.** No call holds the caller longer than ``deadline_s``; a late
   call is a miss (or a failed put) and its buffers stay in use until it
   really ends: ``PutResult.then`` / ``GetResult.then`` run the caller's
   release at that point. A registered destination row of a late get may
   still be written: it must not be read or reused before ``then``.
 * **Put skips what the cluster holds.** ``put`` asks ``batch_is_exist`` first
-  and sends only the absent blocks (``skipped``: one copy per cluster); the
-  headers and checksums are computed while that lookup is out.
+  and sends only the absent blocks (``skipped``: one copy per cluster) --
+  distrusted names excepted, which it removes and puts; the headers and MACs
+  are computed while that lookup is out.
 * **Lookup answers are reused** for ``exist_cache_s`` (a put or remove of
   this node updates them); a failed lookup is all misses and is not cached;
   while the breaker is open every lookup is all misses and the cached
@@ -61,10 +70,10 @@ from typing import Any
 
 import numpy as np
 
-from saria.errors import SariaError
+from saria.errors import ConfigError, SariaError
 from saria.tiers.copy import byte_rows, copy_rows
 from saria.tiers.remote.guard import Guard, Outcome, RemoteUnavailable, Ticket
-from saria.tiers.remote.rows import HEADER_BYTES, RowCodec
+from saria.tiers.remote.rows import HEADER_BYTES, RowCodec, SignedRowCodec
 from saria.tiers.remote.settings import RemoteSettings
 from saria.tiers.remote.stats import RemoteStats
 
@@ -178,9 +187,18 @@ class RemoteTier:
     """One node's client of the cluster tier (see the module docstring)."""
 
     def __init__(self, settings: RemoteSettings, namespace: str, block_bytes: int, *,
-                 client: Any = None) -> None:
+                 client: Any = None, signed: bool = True) -> None:
+        """``signed=False`` writes and reads unsigned version 1 rows under
+        public names: for measuring what signing costs (``saria bench remote
+        --no-row-mac``) only -- anyone who reaches the master can forge them."""
         self.settings = settings
-        self.codec = RowCodec(namespace, block_bytes)
+        if signed and settings.fleet_keys is None:
+            raise ConfigError("remote.fleet_key_file", "a cluster tier needs the fleet's key "
+                              "(fleet_key_file or fleet_key_env); rows are signed with it")
+        self.codec: RowCodec = (SignedRowCodec(namespace, block_bytes, settings.fleet_keys)
+                                if signed else RowCodec(namespace, block_bytes))
+        self._old_ids: list[int] = list(getattr(self.codec, "read_ids", ()))
+        self._distrusted: set[bytes] = set()  # block keys whose row failed to verify
         self.block_bytes = self.codec.block_bytes
         self.stats = RemoteStats()
         self._lock = threading.Lock()
@@ -300,7 +318,10 @@ class RemoteTier:
                         ask.append(i)
         self.stats.add(lookup_keys=len(keys), lookup_cached=len(keys) - len(ask))
         if len(ask):
-            names = self._names(keys[ask])
+            sub = keys[ask]
+            names = self._names(sub)
+            for kid in self._old_ids:  # a rotation: rows older keys signed count too
+                names += self.codec.names(sub, kid)
 
             def call() -> list[int]:
                 rcs = self._store.batch_is_exist(names)
@@ -310,9 +331,10 @@ class RemoteTier:
 
             t = self.guard.submit("lookup", call)
             if t.outcome.ok:
-                found = np.array(t.outcome.value, np.int64) == 1
+                found = (np.array(t.outcome.value, np.int64) == 1).reshape(-1, len(sub)).any(axis=0)
+                found &= ~self._distrust_mask(sub)
                 out[ask] = found
-                self._remember(keys[ask], found)
+                self._remember(sub, found)
         self.stats.add(lookup_hits=int(out.sum()))
         return out
 
@@ -327,6 +349,21 @@ class RemoteTier:
                 self._exist = {k: v for k, v in self._exist.items() if now - v[1] < self.settings.exist_cache_s}
             for i, f in enumerate(flags):
                 self._exist[flat[32 * i:32 * i + 32]] = (f, now)
+
+    def _distrust_mask(self, keys: np.ndarray) -> np.ndarray:
+        """(n,) bool: the block's row failed to verify and no put of ours replaced it."""
+        with self._lock:
+            if not self._distrusted:
+                return np.zeros(len(keys), bool)
+            flat = np.ascontiguousarray(keys).tobytes()
+            return np.array([flat[i:i + 32] in self._distrusted for i in range(0, len(flat), 32)], bool)
+
+    def _distrust(self, keys: np.ndarray, on: bool) -> None:
+        with self._lock:
+            if on and len(self._distrusted) > 1 << 16:  # bounded: an old entry costs one extra put
+                self._distrusted.clear()
+            for k in np.ascontiguousarray(keys):
+                (self._distrusted.add if on else self._distrusted.discard)(k.tobytes())
 
     def forget(self, keys: Any) -> None:
         """Drops cached lookup answers (e.g. a load found the block gone)."""
@@ -387,6 +424,7 @@ class RemoteTier:
         store = self._store
         encoded = threading.Event()
         sound = [False]
+        doubt = self._distrust_mask(keys)
 
         def encode() -> None:  # on the caller's thread, while the lookup is out
             try:
@@ -406,8 +444,10 @@ class RemoteTier:
                 ex = store.batch_is_exist(names)
                 if ex and all(r < 0 for r in ex):
                     raise RemoteUnavailable(f"batch_is_exist: rc {ex[0]}")
-                todo = [i for i in range(m) if ex[i] != 1]
-                status[[i for i in range(m) if ex[i] == 1]] = 1
+                todo = [i for i in range(m) if ex[i] != 1 or doubt[i]]
+                status[[i for i in range(m) if ex[i] == 1 and not doubt[i]]] = 1
+            if doubt.any():  # an object that failed to verify is replaced, never skipped
+                store.batch_remove([names[i] for i in np.flatnonzero(doubt)], True)
             encoded.wait()
             if not sound[0]:
                 raise RuntimeError("the rows could not be encoded")
@@ -428,7 +468,10 @@ class RemoteTier:
             stored[:] = st == 0
             skipped[:] = st == 1
             failed[:] = st < 0
-            self.stats.add(put_no_space=int((st == ErrorCode.NO_SPACE).sum()))
+            self.stats.add(put_no_space=int((st == ErrorCode.NO_SPACE).sum()),
+                           put_replaced=int((doubt & (st == 0)).sum()))
+            if doubt.any():
+                self._distrust(keys[doubt & (st == 0)], False)
         else:
             failed[:] = True
         return t
@@ -465,12 +508,22 @@ class RemoteTier:
         names = self._names(keys)
         sizes = [HEADER_BYTES, self.block_bytes]
         store = self._store
+        old_ids = self._old_ids
 
         def call() -> list[int]:
-            rcs = store.batch_get_into_multi_buffers(
-                names, [[h, p] for h, p in zip(h_addrs, p_addrs)], [sizes] * m)
+            rcs = list(store.batch_get_into_multi_buffers(
+                names, [[h, p] for h, p in zip(h_addrs, p_addrs)], [sizes] * m))
             if all(r in ErrorCode.UNAVAILABLE for r in rcs):
                 raise RemoteUnavailable(f"batch_get: rc {rcs[0]}")
+            for kid in old_ids:  # a rotation: what the write key's name lacks, older keys' names
+                miss = [i for i in range(m) if rcs[i] == ErrorCode.NOT_FOUND]
+                if not miss:
+                    break
+                old = self.codec.names(keys[miss], kid)
+                again = store.batch_get_into_multi_buffers(
+                    old, [[h_addrs[i], p_addrs[i]] for i in miss], [sizes] * len(miss))
+                for j, i in enumerate(miss):
+                    rcs[i], names[i] = again[j], old[j]
             return rcs
 
         t = self.guard.submit("get", call)
@@ -491,8 +544,11 @@ class RemoteTier:
                 ok[:] = good
                 if gone.any():
                     self._remember(keys[gone], False)
-                if bad.any():  # a corrupted object: drop it so a new put can replace it
-                    self.remove(keys[bad], force=True)
+                if bad.any():  # forged or corrupted: drop it; our next put replaces it
+                    self._distrust(keys[bad], True)
+                    gone_now = self._remove_names([names[i] for i in np.flatnonzero(bad)], True)
+                    self.stats.add(verify_removed=int(gone_now.sum()))
+                    self.forget(keys[bad])
         finally:
             t.then(lambda: self._give_rows(rows))
         return t
@@ -503,9 +559,13 @@ class RemoteTier:
         """(n,) bool: removed now (or absent already). A block another reader
         holds a lease on stays (``force`` overrides the lease)."""
         keys = _keys(keys)
-        names = self._names(keys)
-        out = np.zeros(len(keys), bool)
-        if not len(keys):
+        out = self._remove_names(self._names(keys), force)
+        self.forget(keys[out])
+        return out
+
+    def _remove_names(self, names: list[str], force: bool) -> np.ndarray:
+        out = np.zeros(len(names), bool)
+        if not names:
             return out
 
         def call() -> list[int]:
@@ -519,7 +579,6 @@ class RemoteTier:
             rcs = np.array(t.outcome.value, np.int64)
             out[:] = (rcs == 0) | (rcs == ErrorCode.NOT_FOUND)
             self.stats.add(removed=int(out.sum()), remove_leased=int((rcs == ErrorCode.LEASED).sum()))
-        self.forget(keys[out])
         return out
 
     # ------------------------------------------------------------ status
