@@ -44,7 +44,7 @@ def test_a_shrinking_local_hit_transfers_every_block_vllm_counts_as_loaded(make_
     master, _lender = cluster
     remote = {"master": master.url, "metadata_server": master.metadata_server,
               "local_hostname": master.host, "segment_bytes": 0, "deadline": "2s",
-              "exist_cache": 0}
+              "exist_cache": 0, "fleet_key_file": master.key_file()}
     s = make_scheduler(dram_slots=32, remote=remote)
     keys = replay_keys(PROMPT)
     rows = synthetic_rows(keys, s.geo.slot_bytes)
