@@ -52,13 +52,42 @@ class Transfer:
     src_ids: list[int]
     dst_ids: list[int]
     keys: bytes = b""
+    # several attention groups (hybrid / sliding-window models): the KV end's
+    # block ids per group (``groups.py``); 0 (the null block) is skipped
+    groups: list[list[int]] | None = None
 
     @property
     def kind(self) -> tuple[Medium, Medium]:
         return (self.src, self.dst)
 
+    def kv_ids(self, group: int = 0) -> list[int]:
+        """The KV blocks of attention group `group`, one per block of the transfer."""
+        if self.groups is not None:
+            return self.groups[group]
+        return self.dst_ids if self.dst == Medium.KV else self.src_ids
+
+    def other_ids(self) -> list[int]:
+        """The slots / handles at the end that is not the KV cache."""
+        return self.src_ids if self.dst == Medium.KV else self.dst_ids
+
     def __len__(self) -> int:
         return len(self.src_ids)
+
+
+@dataclass
+class StateCopy:
+    """A recurrent-state checkpoint between the KV cache's state blocks (one
+    per recurrent group: ``kv_ids``) and a checkpoint's DRAM slots or SSD
+    handles (``ids``, ``state_units`` of them, with their keys on the SSD).
+    Stores run after the forward pass, loads before it."""
+
+    op_id: int
+    req_id: str
+    src: Medium
+    dst: Medium
+    kv_ids: list[int]
+    ids: list[int]
+    keys: bytes = b""
 
 
 @dataclass
@@ -74,6 +103,8 @@ class SariaMetadata(KVConnectorMetadata):
     pool_id: tuple[int, int] | None = None
     # with a cache server: the pool file and SSD store directories to map
     server_pool: tuple[str, tuple[str, ...]] | None = None
+    # hybrid models: recurrent-state checkpoints to load / store (``states.py``)
+    states: list[StateCopy] = field(default_factory=list)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                 KVConnectorMetadata,
-                                                                KVConnectorRole)
+                                                                KVConnectorRole, SupportsHMA)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from saria.connector.config import check_fits, parse_config
@@ -39,7 +39,7 @@ log = logging.getLogger("saria.connector")
 __all__ = ["SariaConnector", "register_vllm_plugin"]
 
 
-class SariaConnector(KVConnectorBase_V1):
+class SariaConnector(KVConnectorBase_V1, SupportsHMA):
     _cache_hit_source = CacheHitSource.HOST
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
@@ -88,6 +88,11 @@ class SariaConnector(KVConnectorBase_V1):
         self._scheduler.update_connector_output(connector_output)
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
+        return self._scheduler.request_finished(request, block_ids)
+
+    def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
+        # hybrid / sliding-window models (vLLM's hybrid KV cache manager on):
+        # saria tracks each group's blocks itself (hybrid.py)
         return self._scheduler.request_finished(request, block_ids)
 
     def take_events(self):
