@@ -100,17 +100,15 @@ def group_layout(kv_cache_config) -> GroupLayout:
             state_layers.append(tuple(g.layer_names))
             state_pages.add(spec.state_content_size_bytes)
             strides.add(spec.page_size_bytes)
-        elif isinstance(spec, AttentionSpec) and type(spec).__name__ in (
-                "FullAttentionSpec", "SlidingWindowSpec"):
+        elif isinstance(spec, AttentionSpec):  # pages are opaque: MLA, chunked-local too
             attn.append(gid)
             windows.append(spec.sliding_window if isinstance(spec, SlidingWindowSpec)
                            else 0)
             attn_layers.append(tuple(g.layer_names))
             pages.add(spec.page_size_bytes)
         else:
-            raise ConfigError("model", f"saria holds full-attention, sliding-window and "
-                              f"Mamba/linear-attention layers, not {type(spec).__name__} "
-                              f"(group {gid})")
+            raise ConfigError("model", f"saria holds attention and Mamba/linear-attention "
+                              f"KV caches, not {type(spec).__name__} (group {gid})")
     if not attn:
         raise ConfigError("model", "saria needs at least one attention layer group")
     if len(pages) != 1 or len(block_sizes) != 1 or len(state_pages) > 1:
