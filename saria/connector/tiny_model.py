@@ -67,7 +67,12 @@ def make_qwen3_next(path: str, *, seed: int = 0) -> str:
                           bos_token_id=1, eos_token_id=2, dtype="bfloat16",
                           initializer_range=0.2)
     torch.manual_seed(seed)
-    return _save(Qwen3NextForCausalLM(cfg).to(torch.bfloat16), path)
+    model = Qwen3NextForCausalLM(cfg)
+    with torch.no_grad():  # slow decay: the recurrent state matters many blocks later
+        for m in model.modules():
+            if hasattr(m, "A_log"):
+                m.A_log.fill_(-6.0)
+    return _save(model.to(torch.bfloat16), path)
 
 
 def make_gemma3(path: str, *, window: int = 64, seed: int = 0) -> str:

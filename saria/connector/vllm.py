@@ -116,6 +116,7 @@ class SariaConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker.wait_for_save(self._meta())
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
+        # also where recurrent-state checkpoints are loaded (worker._load_states)
         if isinstance(kv_connector_metadata, SariaMetadata):
             self._worker.handle_preemptions(kv_connector_metadata)
 

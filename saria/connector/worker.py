@@ -90,6 +90,7 @@ class SariaWorker:
         self._kv_caches = None
         self.states = None                      # recurrent-state checkpoints (hybrid models)
         self._state_errors: dict[int, str] = {}  # load op id -> why its state did not load
+        self._states_loaded: SariaMetadata | None = None  # the step whose states are in
 
     # ------------------------------------------------------------ lifecycle
 
@@ -148,7 +149,7 @@ class SariaWorker:
         self._begin(meta)
         if not meta.loads:
             return
-        self._load_states(meta)
+        self._check_states_loaded(meta)
         dram = [t for t in meta.loads if t.kind == DRAM_TO_KV]
         ssd = [t for t in meta.loads if t.kind == SSD_TO_KV]
         if ssd and self.coordinator.reader is None:
@@ -179,6 +180,8 @@ class SariaWorker:
     def handle_preemptions(self, meta: SariaMetadata) -> None:
         """A preempted request's blocks may be reused this step: finish its
         pending store copies first (only its own: the others keep running)."""
+        self._begin(meta)
+        self._load_states(meta)  # vLLM's first call of the step (see _load_states)
         gone = set(meta.preempted)
         for t, futs in list(self._pending.values()):
             if t.req_id in gone:
@@ -281,8 +284,14 @@ class SariaWorker:
                 self._done.bad_ssd[op_id] = sorted(bad[op_id])
 
     def _load_states(self, meta: SariaMetadata) -> None:
-        """Checkpoints into the state blocks, before the forward: a failed one
-        fails its load op (vLLM recomputes)."""
+        """Checkpoints into the state blocks, from ``handle_preemptions``: vLLM
+        calls it before it prepares the step's inputs, and in align mode that
+        preparation copies a request's boundary state into its running block
+        (``preprocess_mamba``) -- ``start_load_kv`` comes after that copy, too
+        late. A failed load fails its load op (vLLM recomputes)."""
+        if self._states_loaded is meta:
+            return
+        self._states_loaded = meta
         for c in meta.states:
             if c.dst != Medium.KV:
                 continue
@@ -291,6 +300,16 @@ class SariaWorker:
                     self._state_errors[c.op_id] = "a checkpoint's SSD block failed its read"
             except Exception as e:  # noqa: BLE001 -- reported as a failed op, recomputed
                 self._state_errors[c.op_id] = f"checkpoint load: {e}"
+
+    def _check_states_loaded(self, meta: SariaMetadata) -> None:
+        """A step whose checkpoints were not loaded before its inputs were
+        prepared (no ``handle_preemptions`` call) must not use them: its load
+        ops fail (vLLM recomputes) rather than run on a stale state."""
+        if self._states_loaded is meta:
+            return
+        for c in meta.states:
+            if c.dst == Medium.KV:
+                self._state_errors[c.op_id] = "checkpoint not loaded before the step's inputs"
 
     def _store_states(self, meta: SariaMetadata) -> None:
         """This step's boundary states into their checkpoints' DRAM slots
