@@ -5,8 +5,9 @@ states at fixed offsets, padded to the attention page): saria copies each
 layer's first ``state_page_bytes`` of the state block, whatever is inside.
 A checkpoint is every recurrent layer's state, layer after layer, spread
 over its ``state_units`` DRAM slots (or SSD blocks, which the store verifies
-by key like any block). Copies are synchronous: loads before the forward
-pass (these layers have no per-layer hook), stores after it (``wait_for_save``).
+by key like any block). Copies are synchronous: loads before vLLM prepares the
+step's inputs (``handle_preemptions``; see ``worker._load_states``), stores
+after the forward pass (``wait_for_save``).
 """
 
 from __future__ import annotations
