@@ -15,6 +15,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
+from saria.connector.groups import GroupLayout
 from saria.errors import ConfigError
 
 
@@ -29,6 +30,7 @@ class Geometry:
     dtype: str
     model: str
     kv_layout: str
+    groups: GroupLayout | None = None  # vLLM's KV-cache groups (None: one attention group)
 
     @property
     def num_layers(self) -> int:
@@ -42,24 +44,45 @@ class Geometry:
     def slot_bytes(self) -> int:
         return self.tp_size * self.rank_bytes
 
+    @property
+    def num_layer_groups(self) -> int:
+        """Attention groups with their own block tables (1 for a plain model)."""
+        return 1 if self.groups is None else len(self.groups.attn_group_ids)
+
+    def layer_group(self, layer: int) -> int:
+        """The attention group (index into a transfer's ``groups``) of `layer`."""
+        return 0 if self.groups is None else self.groups.layer_groups[layer]
+
+    @property
+    def hybrid(self) -> bool:
+        """Recurrent layers: their states are checkpoints (``groups.py``)."""
+        return self.groups is not None and self.groups.hybrid
+
+    @property
+    def state_rank_bytes(self) -> int:
+        g = self.groups
+        return len(g.state_layer_names) * g.state_page_bytes if self.hybrid else 0
+
+    @property
+    def state_bytes(self) -> int:
+        """One checkpoint: every recurrent layer's state, every rank's, rank-major."""
+        return self.tp_size * self.state_rank_bytes
+
     def namespace(self, hash_algo: str, hash_seed: str) -> str:
         """A digest of what makes a stored page meaningful to this engine."""
         parts = (self.model, self.dtype, self.block_size, self.page_bytes, self.num_layers,
                  self.tp_size, self.kv_layout, hash_algo, hash_seed)
+        if self.groups is not None and (len(self.groups.attn_group_ids) > 1 or self.hybrid):
+            parts += self.groups.describe()
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
 def geometry(vllm_config, kv_cache_config, *, rank: int | None = None) -> Geometry:
     """Reads the geometry; raises ``ConfigError`` for models saria cannot hold."""
-    from vllm.v1.kv_cache_interface import AttentionSpec
+    from saria.connector.groups import group_layout
 
-    groups = kv_cache_config.kv_cache_groups
-    if len(groups) != 1:
-        raise ConfigError("model", f"saria holds models with one KV-cache group; this one has "
-                          f"{len(groups)} (hybrid or sliding-window layers)")
-    spec = groups[0].kv_cache_spec
-    if not isinstance(spec, AttentionSpec):
-        raise ConfigError("model", f"saria holds attention KV caches, not {type(spec).__name__}")
+    groups = group_layout(kv_cache_config)  # ConfigError for layers saria cannot hold
+    spec = kv_cache_config.kv_cache_groups[groups.attn_group_ids[0]].kv_cache_spec
     par = vllm_config.parallel_config
     if par.pipeline_parallel_size != 1:
         raise ConfigError("pipeline_parallel_size", "saria does not support pipeline parallelism")
@@ -68,10 +91,11 @@ def geometry(vllm_config, kv_cache_config, *, rank: int | None = None) -> Geomet
     mc = vllm_config.model_config
     layout = kv_cache_config.kv_cache_layout or os.environ.get("VLLM_KV_CACHE_LAYOUT") or "default"
     return Geometry(block_size=spec.block_size, page_bytes=spec.page_size_bytes,
-                    layer_names=tuple(groups[0].layer_names),
+                    layer_names=groups.layer_names,
                     tp_size=par.tensor_parallel_size, tp_rank=rank,
                     num_gpu_blocks=kv_cache_config.num_blocks, dtype=str(spec.dtype),
-                    model=str(mc.model), kv_layout=f"{layout}/{vllm_config.device_config.device_type}")
+                    model=str(mc.model), kv_layout=f"{layout}/{vllm_config.device_config.device_type}",
+                    groups=groups)
 
 
 def pool_path(vllm_config) -> str:

@@ -62,13 +62,42 @@ class Transfer:
     # worker runs a transfer only in that session, never a restarted server's
     # or an ended session's
     epoch: str = ""
+    # several attention groups (hybrid / sliding-window models): the KV end's
+    # block ids per group (``groups.py``); 0 (the null block) is skipped
+    groups: list[list[int]] | None = None
 
     @property
     def kind(self) -> tuple[Medium, Medium]:
         return (self.src, self.dst)
 
+    def kv_ids(self, group: int = 0) -> list[int]:
+        """The KV blocks of attention group `group`, one per block of the transfer."""
+        if self.groups is not None:
+            return self.groups[group]
+        return self.dst_ids if self.dst == Medium.KV else self.src_ids
+
+    def other_ids(self) -> list[int]:
+        """The slots / handles at the end that is not the KV cache."""
+        return self.src_ids if self.dst == Medium.KV else self.dst_ids
+
     def __len__(self) -> int:
         return len(self.src_ids)
+
+
+@dataclass
+class StateCopy:
+    """A recurrent-state checkpoint between the KV cache's state blocks (one
+    per recurrent group: ``kv_ids``) and a checkpoint's DRAM slots or SSD
+    handles (``ids``, ``state_units`` of them, with their keys on the SSD).
+    Stores run after the forward pass, loads before it."""
+
+    op_id: int
+    req_id: str
+    src: Medium
+    dst: Medium
+    kv_ids: list[int]
+    ids: list[int]
+    keys: bytes = b""
 
 
 @dataclass
@@ -92,6 +121,8 @@ class SariaMetadata(KVConnectorMetadata):
     # forward has written since: the workers report them as load errors, so
     # vLLM recomputes them instead of attending to what the pages hold
     unfilled: list[int] = field(default_factory=list)
+    # hybrid models: recurrent-state checkpoints to load / store (``states.py``)
+    states: list[StateCopy] = field(default_factory=list)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
+from saria.connector.groups import NULL_BLOCK
 from saria.connector.layout import Geometry
 from saria.connector.meta import Medium, Transfer
 from saria.connector.ordering import ComputeOrder
@@ -78,7 +79,12 @@ class PageCopier:
         """Copies one layer of `t` once the compute side reached `mark`;
         returns the bytes moved."""
         load = t.kind == DRAM_TO_KV
-        kv_ids, slots = (t.dst_ids, t.src_ids) if load else (t.src_ids, t.dst_ids)
+        kv_ids, slots = t.kv_ids(self.geo.layer_group(layer)), t.other_ids()
+        if t.groups is not None:  # a group holding nothing there (null block): skipped
+            pairs = [(b, s) for b, s in zip(kv_ids, slots) if b != NULL_BLOCK]
+            kv_ids, slots = [b for b, _ in pairs], [s for _, s in pairs]
+            if not kv_ids:
+                return 0
         blocks, pool = self.pages.layers[layer], self.pool_layer(layer)
         if self.cuda:
             # The pool is page-locked (cudaHostRegister): true async DMA copies.
@@ -153,7 +159,9 @@ class SsdPageReader:
         handles = np.concatenate([np.asarray(t.src_ids, np.int64) for t in transfers])
         keys = np.ascontiguousarray(np.frombuffer(b"".join(t.keys for t in transfers),
                                                   np.uint8).reshape(-1, 32))
-        kv_ids = np.asarray([b for t in transfers for b in t.dst_ids], np.int64)
+        groups = self.geo.num_layer_groups
+        kv_ids = np.asarray([[b for t in transfers for b in t.kv_ids(g)] for g in range(groups)],
+                            np.int64).reshape(groups, -1)
         n, c = handles.size, self.chunk
         ok = np.zeros(n, bool)
         store = self._reader()
@@ -179,29 +187,38 @@ class SsdPageReader:
             ok[k * c: k * c + good.size] = good
             a = time.perf_counter()
             picked = np.flatnonzero(good)
-            moved = self.scatter(rows, picked, kv_ids[k * c:(k + 1) * c][picked])
+            moved = self.scatter(rows, picked, kv_ids[:, k * c:(k + 1) * c][:, picked],
+                                 skip_null=transfers[0].groups is not None)
             if timeline is not None:
                 timeline.append((a, time.perf_counter(), "ssd-scatter", moved))
         return ok
 
-    def scatter(self, rows: np.ndarray, picked: np.ndarray, kv_ids: np.ndarray) -> int:
+    def scatter(self, rows: np.ndarray, picked: np.ndarray, kv_ids: np.ndarray,
+                skip_null: bool = False) -> int:
         """Copies every layer's pages of the read blocks ``rows[picked]``
-        into KV blocks `kv_ids`."""
+        into KV blocks ``kv_ids[group of the layer]`` (with several groups a
+        null block is a position the group does not hold: skipped)."""
         if kv_ids.size == 0:
             return 0
+        kv_ids = np.atleast_2d(kv_ids)
         cpu = self.pages.device.type == "cpu"
         for layer in range(self.geo.num_layers):
+            ids = kv_ids[self.geo.layer_group(layer)]
+            at = picked
+            if skip_null:
+                keep = ids != NULL_BLOCK
+                ids, at = ids[keep], picked[keep]
             off = self.base + layer * self.geo.page_bytes
             src = rows[:, off: off + self.geo.page_bytes]
             dst = self.pages.page_rows(layer)
             if dst is not None and cpu:
-                copy_rows(dst, kv_ids, src, picked)
+                copy_rows(dst, ids, src, at)
             else:
                 blocks = self.pages.layers[layer]
-                for i, b in zip(picked.tolist(), kv_ids.tolist()):
+                for i, b in zip(at.tolist(), ids.tolist()):
                     page = torch.from_numpy(np.ascontiguousarray(src[i]))
                     blocks[b].copy_(page.view(blocks.shape[1:]))
-        return int(kv_ids.size) * self.geo.rank_bytes
+        return int(kv_ids.shape[1]) * self.geo.rank_bytes
 
     def close(self) -> None:
         self._reads.shutdown(wait=True)

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from saria.connector.config import ConnectorConfig
+from saria.connector import hybrid
 from saria.connector.layout import Geometry, pool_path
 from saria.connector.meta import Medium, SariaMetadata, SariaWorkerMetadata, Transfer
 from saria.connector.ops import OpTracker
@@ -72,6 +73,8 @@ class _Req:
     request: object
     chain: KeyChain = field(default_factory=KeyChain)
     block_ids: list[int] = field(default_factory=list)
+    groups: list[list[int]] | None = None  # several attention groups: ids per group
+    state_ids: list[list[int]] = field(default_factory=list)  # recurrent groups' ids
     stored: int = 0                    # blocks below this need no store op
     load: LoadSpec | None = None       # a matched prefix, locked, not yet a load op
     local: int = 0                     # vLLM's own hit (blocks) at the last query
@@ -100,6 +103,7 @@ class SariaScheduler:
         self.cfg = cfg
         self.geo = geo
         self.block_size = geo.block_size
+        hybrid.check_supported(cfg, geo)
         if cfg.server is not None:  # the node's shared cache (saria serve)
             from saria.connector.remote import ServerCache
 
@@ -118,6 +122,7 @@ class SariaScheduler:
         self._draining: dict[str, _Req] = {}     # finished, direct writes still to copy
         self._finishing: dict[str, _Req] = {}    # finished before their load was reported
         self._loads: list[Transfer] = []
+        self._states: list = []                  # state checkpoints to load (hybrid models)
         self._late_stores: list[Transfer] = []   # promotions of requests that finished
         self._delayed: list[str] = []
         self._tokens_of: dict[bytes, tuple[tuple[int, ...], object]] = {}
@@ -151,7 +156,8 @@ class SariaScheduler:
             os.makedirs(d, exist_ok=True)
         dram_slots = cfg.dram_bytes // geo.slot_bytes
         staging = 0
-        if dirs and make_admission(cfg.admission).writes_on_create and dram_slots > 1:
+        if (dirs and make_admission(cfg.admission).writes_on_create and dram_slots > 1
+                and geo.num_layer_groups == 1 and not geo.hybrid):  # see _promote
             staging = max(1, dram_slots // 8)  # write-through of blocks DRAM does not keep
         path = pool_path(vllm_config)
         self.remote_tier = None
@@ -168,7 +174,7 @@ class SariaScheduler:
                 promotion_r=cfg.promotion_r, min_victim_age_s=cfg.promotion_min_age_s,
                 write_queue=cfg.write_queue, events=cfg.events,
                 shared_pool=path, max_blocks=_max_blocks(cfg, geo),
-                staging_slots=staging, dwpd=cfg.dwpd,
+                staging_slots=staging, dwpd=cfg.dwpd, state_bytes=geo.state_bytes,
                 ssd_parts=geo.tp_size,  # each rank's worker reads its part of a block alone
                 pin=False),  # only the workers' mappings need page-locking (for DMA)
                 remote=self.remote_tier)
@@ -211,7 +217,7 @@ class SariaScheduler:
         if st.load is None:
             keys = st.chain.array[:limit]
             plan = self.cache.lookup(keys)
-            if plan.num_blocks <= local:
+            if plan.num_blocks <= local:  # hybrid models: the index ends it at a checkpoint
                 return 0, False
             st.load = self.cache.prepare_load(keys, plan.num_blocks, start=local)
         st.local = local
@@ -225,7 +231,7 @@ class SariaScheduler:
         st = self.reqs.get(request.request_id)
         if st is None:
             return
-        st.block_ids = list(blocks.get_block_ids()[0])
+        hybrid.set_ids(st, self.geo, blocks.get_block_ids())
         n_ext = num_external_tokens // self.block_size
         local = request.num_computed_tokens // self.block_size if n_ext == 0 else st.local
         if n_ext and st.load is not None:
@@ -239,7 +245,8 @@ class SariaScheduler:
             self.counters["query_tokens"] += request.num_tokens
             n = min(len(st.chain), (request.num_tokens - 1) // self.block_size)
             if n:
-                self.cache.touch(st.chain.array[:n], hits=local + n_ext)
+                at = local + n_ext if self.geo.hybrid and n_ext else 0
+                self.cache.touch(st.chain.array[:n], hits=local + n_ext, checkpoint_at=at)
 
     def build_connector_meta(self, so) -> SariaMetadata:
         for op in self.ops.expired():
@@ -263,7 +270,7 @@ class SariaScheduler:
         for nr in so.scheduled_new_reqs:
             st = self.reqs.get(nr.req_id)
             if st is not None:
-                st.block_ids = list(nr.block_ids[0])
+                hybrid.set_ids(st, self.geo, nr.block_ids)
                 self._plan_store(st, nr.req_id, nr.num_computed_tokens
                                  + so.num_scheduled_tokens[nr.req_id], stores)
         cached = so.scheduled_cached_reqs
@@ -273,17 +280,20 @@ class SariaScheduler:
                 continue
             nb = cached.new_block_ids[i]
             if rid in cached.resumed_req_ids and nb is not None:
-                st.block_ids = list(nb[0])
+                hybrid.set_ids(st, self.geo, nb)
             elif nb is not None:
-                st.block_ids.extend(nb[0])
+                hybrid.extend_ids(st, self.geo, nb)
             self._plan_store(st, rid, cached.num_computed_tokens[i]
                              + so.num_scheduled_tokens[rid], stores)
         self._drain_direct(stores)
+        states, self._states = self._states, []
+        if self.geo.hybrid:  # recurrent states vLLM computed this step: checkpoints
+            states += hybrid.plan_checkpoints(self, so)
         meta = SariaMetadata(loads=self._loads, stores=stores, delayed=self._delayed,
                              preempted=sorted(getattr(so, "preempted_req_ids", None) or ()),
                              pool_id=self.pool_id, server_pool=self._server_pool(),
                              server_epoch=self._epoch(), server_fence=self._fence(),
-                             unfilled=self._attended_unfilled(so))
+                             unfilled=self._attended_unfilled(so), states=states)
         self._loads, self._delayed = [], []
         return meta
 
@@ -400,7 +410,9 @@ class SariaScheduler:
             keys = spec.path[p].tobytes() if medium == Medium.SSD else b""
             self._loads.append(Transfer(op_id, rid, medium, Medium.KV, spec.slots[p].tolist(),
                                         [st.block_ids[i] for i in p], keys,
-                                        epoch=_epoch_of(spec)))
+                                        groups=hybrid.group_ids(st, p), epoch=_epoch_of(spec)))
+        if self.geo.hybrid:
+            self._states.append(hybrid.state_load(self, st, op_id, rid, spec, local + n_ext))
         self.counters["load_ops"] += 1
 
     def _plan_store(self, st: _Req, rid: str, done_tokens: int, out: list[Transfer]) -> None:
@@ -408,7 +420,7 @@ class SariaScheduler:
             return
         full = done_tokens // self.block_size
         self.hasher.extend(st.chain, st.request, full)
-        full = min(full, len(st.chain), len(st.block_ids))
+        full = min(full, len(st.chain), len(st.block_ids), hybrid.storable(st, full))
         if full > st.stored:
             direct = self.cache.staging_slots > 0
             spec = self.cache.prepare_store(st.chain.array[:full], st.stored, direct=direct)
@@ -421,7 +433,7 @@ class SariaScheduler:
                 op_id = self.ops.start("store", rid, spec)
                 out.append(Transfer(op_id, rid, Medium.KV, Medium.DRAM,
                                     [st.block_ids[p] for p in pos], spec.slots.tolist(),
-                                    epoch=_epoch_of(spec)))
+                                    groups=hybrid.group_ids(st, pos), epoch=_epoch_of(spec)))
                 self.counters["store_ops"] += 1
                 if self.cfg.events:
                     self._remember_tokens(st, pos)
@@ -455,8 +467,8 @@ class SariaScheduler:
     def _promote(self, st: _Req, rid: str, out: list[Transfer]) -> None:
         """Lazy partial promotion after prefill: the policy's pick of the
         request's SSD hits goes from its KV pages into DRAM slots."""
-        if st.promotable is None:
-            return
+        if st.promotable is None or st.groups is not None:
+            return  # several groups: a sliding window's early blocks are gone by now
         ssd_positions, dram_blocks = st.promotable
         st.promotable = None
         spec = self.cache.prepare_promotion(st.chain.array[:len(st.chain)], ssd_positions,
@@ -484,6 +496,9 @@ class SariaScheduler:
             else:
                 self.counters["direct_dropped"] += int(wave.positions.size)
             self.cache.release_staging(wave.staging)
+            return
+        if op.kind == "state":
+            self.cache.complete_checkpoint(op.spec, success=ok)
             return
         if op.kind == "store":
             self.cache.complete_store(op.spec, success=ok)

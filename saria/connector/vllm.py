@@ -26,7 +26,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1,
                                                                 KVConnectorMetadata,
-                                                                KVConnectorRole)
+                                                                KVConnectorRole, SupportsHMA)
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from saria.connector.config import check_fits, parse_config
@@ -39,7 +39,7 @@ log = logging.getLogger("saria.connector")
 __all__ = ["SariaConnector", "register_vllm_plugin"]
 
 
-class SariaConnector(KVConnectorBase_V1):
+class SariaConnector(KVConnectorBase_V1, SupportsHMA):
     _cache_hit_source = CacheHitSource.HOST
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None) -> None:
@@ -90,6 +90,11 @@ class SariaConnector(KVConnectorBase_V1):
     def request_finished(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
         return self._scheduler.request_finished(request, block_ids)
 
+    def request_finished_all_groups(self, request, block_ids) -> tuple[bool, dict[str, Any] | None]:
+        # hybrid / sliding-window models (vLLM's hybrid KV cache manager on):
+        # saria tracks each group's blocks itself (hybrid.py)
+        return self._scheduler.request_finished(request, block_ids)
+
     def take_events(self):
         return self._scheduler.take_events() if self.cfg.events else ()
 
@@ -111,6 +116,7 @@ class SariaConnector(KVConnectorBase_V1):
         self._worker.wait_for_save(self._meta())
 
     def handle_preemptions(self, kv_connector_metadata) -> None:
+        # also where recurrent-state checkpoints are loaded (worker._load_states)
         if isinstance(kv_connector_metadata, SariaMetadata):
             self._worker.handle_preemptions(kv_connector_metadata)
 

@@ -31,7 +31,7 @@ import torch
 from saria.connector.config import ConnectorConfig
 from saria.connector.layout import Geometry, pool_path
 from saria.connector.loads import LoadCoordinator, StepLoad
-from saria.connector.meta import SariaMetadata, SariaWorkerMetadata, Transfer
+from saria.connector.meta import Medium, SariaMetadata, SariaWorkerMetadata, Transfer
 from saria.connector.movers import DRAM_TO_KV, SSD_TO_KV, PageCopier, SsdPageReader
 from saria.connector.pages import KVPages
 from saria.connector.stats import Deltas
@@ -91,11 +91,16 @@ class SariaWorker:
         self._meta: SariaMetadata | None = None  # the step's metadata, once begun
         self._deltas = Deltas()
         self.bytes_stored = 0
+        self._kv_caches = None
+        self.states = None                      # recurrent-state checkpoints (hybrid models)
+        self._state_errors: dict[int, str] = {}  # load op id -> why its state did not load
+        self._states_loaded: SariaMetadata | None = None  # the step whose states are in
 
     # ------------------------------------------------------------ lifecycle
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._pages = KVPages(kv_caches, self.geo)
+        self._kv_caches = kv_caches if self.geo.hybrid else None  # state layers (states.py)
         if self.pool is not None:
             self._attach()
 
@@ -106,6 +111,10 @@ class SariaWorker:
         reader = SsdPageReader(self.ssd_dirs, pages, self.geo) if self.ssd_dirs else None
         self.coordinator = LoadCoordinator(self.cfg.coordinator, self.copier, reader,
                                            self.geo.num_layers, self.cfg.ingress_bytes_per_s)
+        if self._kv_caches is not None:
+            from saria.connector.states import StateMover
+
+            self.states = StateMover(self._kv_caches, self.geo, self.pool, self.ssd_dirs)
         log.info("saria worker: %d layers, %d B pages, pool %d slots of %d B (%s, %s), SSD %s, "
                  "coordinator %s", self.geo.num_layers, self.geo.page_bytes, self.pool.num_slots,
                  self.pool.slot_bytes, "pinned" if self.pool.pinned else "not pinned",
@@ -117,6 +126,8 @@ class SariaWorker:
             self.pool.unlink()  # the engine's own pool (a server's stays the server's)
 
     def shutdown_movers(self) -> None:
+        if self.states is not None:
+            self.states.close()
         if self.copier is not None:
             self.copier.close()
         if self.coordinator is not None:
@@ -170,6 +181,7 @@ class SariaWorker:
         loads = [t for t in meta.loads if t.op_id not in self._stale]
         if not loads:
             return
+        self._check_states_loaded(meta)
         dram = [t for t in loads if t.kind == DRAM_TO_KV]
         ssd = [t for t in loads if t.kind == SSD_TO_KV]
         if ssd and self.coordinator.reader is None:
@@ -194,11 +206,14 @@ class SariaWorker:
         self._begin(meta)
         for layer in range(self.geo.num_layers):
             self._submit_stores(layer)
+        self._store_states(meta)
         self._finish_loads()
 
     def handle_preemptions(self, meta: SariaMetadata) -> None:
         """A preempted request's blocks may be reused this step: finish its
         pending store copies first (only its own: the others keep running)."""
+        self._begin(meta)
+        self._load_states(meta)  # vLLM's first call of the step (see _load_states)
         gone = set(meta.preempted)
         for t, futs in list(self._pending.values()):
             if t.req_id in gone:
@@ -308,7 +323,7 @@ class SariaWorker:
             self._load_errors.update(kv_ids)  # vLLM recomputes them
             bad[t.op_id].extend(handles)
         for op_id in dict.fromkeys(t.op_id for t in loads):
-            err = step.errors.get(op_id)
+            err = step.errors.get(op_id) or self._state_errors.pop(op_id, None)
             if err is not None:
                 log.error("saria: loading op %d failed: %s", op_id, err)
                 for t in loads:
@@ -320,6 +335,47 @@ class SariaWorker:
             if bad.get(op_id):
                 self._done.bad_ssd[op_id] = sorted(bad[op_id])
         self._release_fence()
+
+    def _load_states(self, meta: SariaMetadata) -> None:
+        """Checkpoints into the state blocks, from ``handle_preemptions``: vLLM
+        calls it before it prepares the step's inputs, and in align mode that
+        preparation copies a request's boundary state into its running block
+        (``preprocess_mamba``) -- ``start_load_kv`` comes after that copy, too
+        late. A failed load fails its load op (vLLM recomputes)."""
+        if self._states_loaded is meta:
+            return
+        self._states_loaded = meta
+        for c in meta.states:
+            if c.dst != Medium.KV:
+                continue
+            try:
+                if not self.states.load(c):
+                    self._state_errors[c.op_id] = "a checkpoint's SSD block failed its read"
+            except Exception as e:  # noqa: BLE001 -- reported as a failed op, recomputed
+                self._state_errors[c.op_id] = f"checkpoint load: {e}"
+
+    def _check_states_loaded(self, meta: SariaMetadata) -> None:
+        """A step whose checkpoints were not loaded before its inputs were
+        prepared (no ``handle_preemptions`` call) must not use them: its load
+        ops fail (vLLM recomputes) rather than run on a stale state."""
+        if self._states_loaded is meta:
+            return
+        for c in meta.states:
+            if c.dst == Medium.KV:
+                self._state_errors[c.op_id] = "checkpoint not loaded before the step's inputs"
+
+    def _store_states(self, meta: SariaMetadata) -> None:
+        """This step's boundary states into their checkpoints' DRAM slots
+        (the forward that computed them is done)."""
+        for c in meta.states:
+            if c.src != Medium.KV:
+                continue
+            try:
+                self.states.store(c)
+                self._done.done[c.op_id] += 1
+            except Exception as e:  # noqa: BLE001 -- the checkpoint is dropped
+                log.error("saria: storing checkpoint op %d failed: %s", c.op_id, e)
+                self._done.failed[c.op_id] += 1
 
     def _report(self, op_id: int, futs: list[Future], what: str) -> bool:
         """Waits for an op's copies and records it done or failed for the

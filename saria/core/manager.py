@@ -470,6 +470,11 @@ class CacheManager:
         if self.events is not None:
             self.events.stored(SSD, keys, np.asarray(positions))
 
+    def adopt_ssd_state(self, key: np.ndarray, handle: int) -> bool:
+        """Puts a state checkpoint found on the SSD after a restart back on
+        its block (which must be in the index); False when it cannot be."""
+        return self._adopt_state(key, handle)
+
     # --------------------------------------------------------------- events
 
     def take_events(self) -> list[CacheEvent]:

@@ -292,6 +292,14 @@ class TierBackend(Backend):
         """The DRAM slots of a state checkpoint (a mover fills them)."""
         return self._states[DRAM].get(handle)
 
+    def adopt_state(self, handles: np.ndarray) -> int:
+        """A handle for a state checkpoint whose SSD blocks were recovered."""
+        return self._states[SSD].put(np.asarray(handles, np.int64))
+
+    def state_parts(self, tier: Tier, handle: int) -> np.ndarray:
+        """A state checkpoint's DRAM slots or SSD handles (a mover reads them)."""
+        return self._states[tier].get(handle)
+
     # ------------------------------------------------------ the cluster tier
 
     def _start_remote(self, remote, publish_queue: int, *, mode: str) -> None:

@@ -45,7 +45,7 @@ from saria.index import ReloadPlan, RadixIndex, Tier
 from saria.index.clock import Clock, wall_clock
 from saria.policy import make_admission, make_promotion
 from saria.policy.publish import PublishPolicy
-from saria.runtime.backend import TierBackend
+from saria.runtime.backend import TierBackend, state_keys
 
 DRAM, SSD, REMOTE = Tier.DRAM, Tier.SSD, Tier.REMOTE
 
@@ -269,6 +269,21 @@ class TieredCache:
         with self._lock:
             self.manager.complete_checkpoint(spec, success=success)
 
+    def state_slots(self, spec: StateSpec) -> np.ndarray:
+        """The DRAM slots a prepared checkpoint's state is copied into."""
+        with self._lock:
+            return self.backend.state_slots(spec.dram_handle)
+
+    def checkpoint_source(self, spec: LoadSpec) -> tuple[Tier, np.ndarray, np.ndarray]:
+        """Where a locked load's checkpoint is read from: its tier, its DRAM
+        slots or SSD handles, and (SSD) the keys the store verifies them by."""
+        ck = spec.checkpoint
+        with self._lock:
+            parts = self.backend.state_parts(ck.tier, ck.slot).copy()
+        keys = (state_keys(spec.path[ck.boundary - 1], parts.shape[0]) if ck.tier == SSD
+                else np.zeros((0, 32), np.uint8))
+        return ck.tier, parts, keys
+
     @property
     def staging_slots(self) -> int:
         return self.backend.staging_slots
@@ -444,4 +459,20 @@ class TieredCache:
             pos.append(i)
             handles.append(h)
         self.manager.adopt_ssd(keys, pos, handles)
-        return bool(pos)
+        states = 0
+        if self.cfg.state_bytes and recovered:
+            states = self._adopt_states(keys[:max(pos[-1] + 1 if pos else 0, plan.num_available)])
+        return bool(pos) or states > 0
+
+    def _adopt_states(self, keys: np.ndarray) -> int:
+        """Recovered state checkpoints on the blocks of `keys` (all their
+        ``state_units`` SSD blocks found) go back on their blocks."""
+        recovered, units, n = self.backend.recovered, self.cfg.state_units, 0
+        for i in range(keys.shape[0]):
+            parts = [bytes(k) for k in state_keys(keys[i], units)]
+            if not all(p in recovered for p in parts):
+                continue
+            handle = self.backend.adopt_state([recovered.pop(p) for p in parts])
+            if self.manager.adopt_ssd_state(keys[i], handle):
+                n += 1
+        return n

@@ -33,6 +33,7 @@ from saria.connector.scheduler import SariaScheduler
 from saria.connector.worker import SariaWorker
 from saria.errors import ConfigError
 from saria.index import Tier
+from saria.tiers.remote.fleetkey import generate
 from saria.tiers.ssd import slot_bytes_for
 from whole_stack.cluster import FakeCluster
 from whole_stack.pages import GARBAGE, page
@@ -577,7 +578,9 @@ class World:
 SERVER_TIMEOUT = 0.5   # the engines' deadline per server call (seconds, real time)
 REMOTE = {"master": "127.0.0.1:1", "metadata_server": "http://127.0.0.1:1/metadata",
           "deadline_s": 0.5, "exist_cache_s": 0, "staging_rows": 16, "lane": 2,
-          "breaker_failures": 3, "breaker_cooldown_s": 0.5, "segment_bytes": 0}
+          "breaker_failures": 3, "breaker_cooldown_s": 0.5, "segment_bytes": 0,
+          "fleet_key_env": "SARIA_SIM_FLEET_KEY"}  # rows are signed (set below)
+os.environ.setdefault("SARIA_SIM_FLEET_KEY", generate(1))
 
 
 class _fake_cluster:

