@@ -49,6 +49,7 @@ model on the same drives never reads the first one's pages.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -116,7 +117,9 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
         raw = {**_read_file(path), **raw}
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
-        raise ConfigError(unknown[0], f"unknown key in kv_connector_extra_config "
+        close = difflib.get_close_matches(unknown[0], KEYS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(unknown[0], f"unknown key in kv_connector_extra_config; {hint}"
                           f"(known: {', '.join(KEYS)})")
     server = raw.get("server")
     if server is not None:

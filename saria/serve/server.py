@@ -64,6 +64,7 @@ from saria.runtime.cache import CacheConfig, TieredCache
 from saria.serve import protocol as P
 from saria.serve.metrics import ServerMetrics
 from saria.serve.publisher import EventPublisher, to_wire
+from saria.serve.startup import check, stop_summary
 from saria.serve.paths import default_listen, default_runtime_dir  # noqa: F401
 
 log = logging.getLogger("saria.serve")
@@ -209,9 +210,11 @@ class CacheServer:
         self._stop.set()
 
     def close(self) -> None:
-        for cache in self.caches.values():
+        for ns, cache in self.caches.items():
             try:
                 cache.flush()
+                for line in stop_summary({ns: cache}):  # what the next start finds
+                    log.info(line)
             finally:
                 cache.close()
         for tier in self.remotes.values():
@@ -607,9 +610,10 @@ def run(cfg: ServerConfig) -> int:
     if live is not None:
         raise ConfigError("listen", f"a saria serve already answers at {cfg.listen} "
                           f"(boot {live['boot']})")
+    check(cfg)  # every SSD dir, the remote tier, the listen address: one line if bad
     server = CacheServer(cfg)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     server.serve()
-    log.info("saria serve: stopped, caches flushed")
+    log.info("saria serve: stopped")
     return 0
