@@ -67,6 +67,25 @@ KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admiss
         "promotion", "promotion_r", "promotion_min_age_s", "write_queue", "op_timeout_s", "coordinator",
         "ingress_bytes_per_s", "events", "metrics_port", "dwpd", "config_file", "server",
         "server_timeout_s", "engine_name", "remote")
+
+
+def key_docs() -> dict[str, str]:
+    """Each key's meaning, from the table in this module's docstring (the one
+    place it is written; the docs site's key table is generated from it)."""
+    doc = __doc__.splitlines()
+    rules = [i for i, line in enumerate(doc) if line.startswith("=" * 17)]
+    lines = doc[rules[1] + 1:rules[2]]
+    docs: dict[str, str] = {}
+    key = None
+    for line in lines:
+        if line[:1].strip():  # a key starts its row (a long one runs into the text column)
+            key, _, text = line.partition(" ")
+            docs[key] = text.strip()
+        elif key is not None:
+            docs[key] += " " + line.strip()
+    return docs
+
+
 # the server's settings: an engine that uses a server cannot also set them
 SERVER_OWNED = ("dram_bytes", "ssd_dirs", "ssd_bytes", "admission", "promotion", "promotion_r",
                 "promotion_min_age_s", "write_queue", "dwpd", "remote")
