@@ -7,7 +7,9 @@ With no arguments: the default slice of the bundled WEKA bundle -- its first
 90 sessions (one GPU's share when the 710 sessions are spread over a DGX
 H100's 8 GPUs), starting uniformly at random in a 12-hour window -- on the
 default preset (Qwen3-8B, H100, PCIe Gen5, one Gen4 NVMe, 256 GB DRAM), under
-dram-only, full-duplicate, write-back and saria.
+dram-only, full-duplicate, write-back, saria and budget. Under the table: the
+policy to run on the drive replayed (``--ssd``, ``--drives``) and a warning
+when the GPU queue saturated.
 """
 
 from __future__ import annotations
