@@ -8,4 +8,4 @@ Parts, one module or folder each:
 - ``saria.cli``     the ``saria`` command
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -237,8 +237,8 @@ class EnduranceReport:
 def replay_write_rates(data: Mapping, *, source: str = "replay") -> dict[str, float | list[float]]:
     """SSD write rate (B/s) of each policy in a ``saria replay --json`` result.
 
-    Per policy, in order of preference: ``ssd_write_rate_Bps``; ``ssd_bytes_written_per_drive``
-    (a list: per-drive rates, returned as a list) or ``ssd_bytes_written``, divided by
+    Per policy, in order of preference: ``ssd_bytes_written_per_drive`` (a list: per-drive
+    rates, returned as a list) with a duration; ``ssd_write_rate_Bps``; ``ssd_bytes_written``, divided by
     ``duration_s`` taken from the policy entry or else from ``config``. Raises ConfigError
     naming ``source`` and the missing key.
     """
@@ -250,7 +250,9 @@ def replay_write_rates(data: Mapping, *, source: str = "replay") -> dict[str, fl
         where = f"{source}: policies.{name}"
         if not isinstance(entry, Mapping):
             raise ConfigError(where, "expected an object")
-        if "ssd_write_rate_Bps" in entry:
+        per_drive = "ssd_bytes_written_per_drive" in entry and (
+            "duration_s" in entry or (isinstance(config, Mapping) and "duration_s" in config))
+        if "ssd_write_rate_Bps" in entry and not per_drive:  # per-drive bytes say more: the drive count
             rates[name] = _check(f"{where}.ssd_write_rate_Bps", entry["ssd_write_rate_Bps"])
             continue
         key = "ssd_bytes_written_per_drive" if "ssd_bytes_written_per_drive" in entry else "ssd_bytes_written"

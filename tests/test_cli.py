@@ -80,3 +80,21 @@ def test_help_lists_commands():
     r = subprocess.run([sys.executable, "-m", "saria.cli.main", "--help"], capture_output=True,
                        text=True)
     assert r.returncode == 0 and "bench" in r.stdout and "traces" in r.stdout
+
+
+def test_version_matches_the_package_metadata():
+    """``saria --version`` prints the version pyproject.toml declares."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import saria
+
+    root = Path(__file__).resolve().parents[1]
+    declared = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)[1]
+    r = subprocess.run([sys.executable, "-m", "saria.cli.main", "--version"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"saria {declared}" == f"saria {saria.__version__}"
+    assert f"## {declared} " in (root / "CHANGELOG.md").read_text()
+    assert "Apache License" in (root / "LICENSE").read_text()

@@ -1,4 +1,4 @@
-"""``saria lmcache check``: the README's LMCache configurations pass, and
+"""``saria lmcache check``: docs/lmcache.md's LMCache configurations pass, and
 each mistake LMCache's in-engine loader would only log (or trip on) is one
 line naming the key, exit 2."""
 
@@ -12,7 +12,7 @@ import pytest
 
 from saria.cli.main import main
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text().split("## With LMCache", 1)[1]
+README = (Path(__file__).resolve().parents[1] / "docs" / "lmcache.md").read_text()  # the LMCache page
 
 
 def readme_yaml(tmp_path) -> str:

@@ -20,7 +20,8 @@ def test_defaults_and_sizes_with_units(tmp_path):
 
 @pytest.mark.parametrize("extra, key, text", [
     ({}, "dram_bytes", "is required"),
-    ({"dram_bytes": "1GB", "dram_bytez": 3}, "dram_bytez", "unknown key"),
+    ({"dram_bytes": "1GB", "dram_bytez": 3}, "dram_bytez", "unknown key in kv_connector_extra_config; "
+     "did you mean 'dram_bytes'?"),
     ({"dram_bytes": "lots"}, "dram_bytes", "cannot parse"),
     ({"dram_bytes": "1PB"}, "dram_bytes", "more than this machine"),
     ({"dram_bytes": -5}, "dram_bytes", ""),
@@ -119,3 +120,21 @@ def test_the_remote_key_is_checked_by_its_own_keys(monkeypatch):
             parse_config({"dram_bytes": "1GB", "remote": remote})
     with pytest.raises(ConfigError, match="^remote: is the server's"):
         parse_config({"server": "ipc:///tmp/x.sock", "remote": {"master": "mooncake://h:1"}})
+
+
+def test_saria_log_lines_appear_in_vllms_log():
+    """The plugin hands saria's records to vLLM's logger, configured after
+    plugins load. Before: the line went nowhere (no handler)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("vllm")
+    code = ("import logging, vllm.logger\n"
+            "from saria.connector.vllm import register_vllm_plugin\n"
+            "register_vllm_plugin()\n"
+            "vllm.logger._configure_vllm_root_logger()\n"
+            "logging.getLogger('saria.connector').info('saria: a line for the operator')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in (r.stdout + r.stderr).splitlines() if "a line for the operator" in ln]
+    assert len(lines) == 1 and "INFO" in lines[0], r.stdout + r.stderr

@@ -168,13 +168,13 @@ def test_a_new_adapter_finds_what_the_last_one_persisted_and_a_corrupted_chunk_i
 
 # ------------------------------------------------------------------ server
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "lmcache.md"  # the LMCache page
 
 
 def readme_l2_adapter(tmp_path) -> dict:
-    """The ``--l2-adapter`` JSON of the README's ``lmcache server`` command,
+    """The ``--l2-adapter`` JSON of docs/lmcache.md's ``lmcache server`` command,
     with its drives moved under `tmp_path` and a capacity this disk has."""
-    text = README.read_text().split("## With LMCache", 1)[1]
+    text = README.read_text()
     adapter = json.loads(re.search(r"--l2-adapter '(\{.*?\})'", text).group(1))
     p = adapter["adapter_params"]
     p["path"] = [str(tmp_path / os.path.relpath(d, "/mnt")) for d in p["path"]]

@@ -1,6 +1,6 @@
 """saria's storage plugin in LMCache's in-engine (non-MP) mode, through
 LMCache 0.5.6's own StorageManager on CPU: puts reach saria, gets come back
-byte-exact from saria (also after a restart), the YAML snippet of the README
+byte-exact from saria (also after a restart), the YAML snippet of docs/lmcache.md
 loads it, and a bad key is named in LMCache's log line."""
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_a_bad_key_is_named_in_lmcache_log_and_the_engine_has_no_saria(tmp_path,
 
 
 def test_the_readme_yaml_loads_saria(tmp_path):
-    """The README's in-engine YAML, with its drive under `tmp_path` and a
+    """docs/lmcache.md's in-engine YAML, with its drive under `tmp_path` and a
     capacity this disk has, gives a storage manager with saria in it."""
     from pathlib import Path
 
@@ -113,8 +113,8 @@ def test_the_readme_yaml_loads_saria(tmp_path):
 
     from saria.lmcache import SariaStoragePlugin
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    yaml = readme.split("## With LMCache", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "lmcache.md").read_text()
+    yaml = readme.split("```yaml\n", 1)[1].split("```", 1)[0]
     yaml = yaml.replace("/mnt/nvme0/kv", str(tmp_path)).replace("2TB", "128MiB")
     yaml = yaml.replace("max_local_cpu_size: 64", "max_local_cpu_size: 0.05")
     (tmp_path / "lmcache.yaml").write_text(yaml)

@@ -57,7 +57,7 @@ def test_unlimited_dram_hits_the_ideal_and_eviction_policies_write_nothing(weka)
 
 
 def test_no_ssd_makes_every_policy_dram_only(weka):
-    base = run_policy(weka, make_setup("dram-only", PRESET, dram_bytes=64e9), ARRIVALS)
+    base = run_policy(weka, make_setup("dram-only", PRESET, dram_bytes=64e9, ssd_bytes=0), ARRIVALS)
     for name in ("full-duplicate", "write-back", "E2", "R2", "hicache-selective", "kvbm-filter"):
         rep = run_policy(weka, make_setup(name, PRESET, dram_bytes=64e9, ssd_bytes=0), ARRIVALS)
         assert rep == base, name
@@ -173,7 +173,7 @@ def test_default_replay_meets_the_saria_targets(tmp_path):
     assert r.returncode == 0, r.stderr
     d = json.loads(out.read_text())
     p = d["policies"]
-    assert list(p) == ["dram-only", "full-duplicate", "write-back", "saria"]
+    assert list(p) == ["dram-only", "full-duplicate", "write-back", "saria", "budget"]
     for rep in p.values():
         for key in ("ssd_bytes_written", "ssd_bytes_read", "hit_ratio_tokens",
                     "dram_hit_ratio_tokens", "ssd_hit_ratio_tokens", "ttft_mean_s", "ttft_p90_s",
@@ -181,7 +181,9 @@ def test_default_replay_meets_the_saria_targets(tmp_path):
             assert key in rep
     assert p["saria"]["ssd_bytes_written"] <= 0.5 * p["full-duplicate"]["ssd_bytes_written"]
     assert p["saria"]["ttft_mean_s"] <= 0.62 * p["dram-only"]["ttft_mean_s"]
-    assert (tmp_path / "r.csv").read_text().count("\n") == 5
+    assert (tmp_path / "r.csv").read_text().count("\n") == 6
+    # the recommendation: budget fits the 3.84 TB drive's rating at the best TTFT of those that do
+    assert "Recommended: budget" in r.stdout and p["budget"]["write_budget_fraction"] <= 1
 
 
 @pytest.mark.skipif(SARIA_CLI is None, reason="the saria entry point is not installed")

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from saria.index import Tier
 from saria.keys import BlockHasher, keys_to_array
 from saria.routing import BIT, EventSubscriber, FleetIndex, wire
+from saria.routing.scoring import DYNAMO_WEIGHTS, LLMD_WEIGHTS
 from saria.serve.client import RemoteCache
 from saria.serve.publisher import residency
 from saria.serve.server import CacheServer, ServerConfig
@@ -56,8 +57,11 @@ def test_vllm_decodes_what_saria_publishes():
     assert isinstance(got[1], BlockStored) and got[1].block_hashes == [11, 12, 13]
     assert got[1].parent_block_hash == 10 and got[1].medium == "CPU" and got[1].block_size == 16
     assert got[2].block_hashes == [b"\x01" * 32] and got[2].medium == "STORAGE"
+    assert got[2].locality == "LOCAL"  # the node's own SSD
     assert isinstance(got[3], BlockRemoved) and got[3].block_hashes == [12]
-    assert got[4].medium == "CLUSTER" and got[4].locality == "REMOTE"
+    # the cluster tier as vLLM marks a remote storage tier (before: medium "CLUSTER",
+    # which Dynamo's router refuses and llm-d scores 0)
+    assert got[4].medium == "STORAGE" and got[4].locality == "REMOTE"
     # and what vLLM publishes, saria reads
     theirs = KVEventBatch(ts=1.0, events=[
         BlockStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=list(range(32)),
@@ -68,6 +72,36 @@ def test_vllm_decodes_what_saria_publishes():
     assert back.data_parallel_rank == 2
     assert back.events == [wire.Stored((1, 2), "GPU", None, tuple(range(32)), 16),
                            wire.Removed((1,), "GPU"), wire.Cleared()]
+
+
+def test_routers_read_storage_local_and_remote_from_vllms_own_events():
+    """Events written with vLLM's own types (STORAGE + LOCAL, STORAGE + REMOTE)
+    land in the right tier of the router's index: the node's SSD, the fleet's
+    cluster tier (every node can load it); an older publisher's CLUSTER too.
+    What Dynamo's and llm-d's documented mappings key on is the medium alone:
+    both see STORAGE, a medium they know (disk 0.25; llm-d's storage tier)."""
+    pytest.importorskip("vllm")
+    import msgspec
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+
+    def stored(hashes, medium, locality):
+        return BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=[],
+                           block_size=0, lora_id=None, medium=medium, lora_name=None,
+                           locality=locality)
+
+    enc = msgspec.msgpack.Encoder()
+    idx = FleetIndex()
+    batch = KVEventBatch(ts=1.0, events=[stored([1, 2], "STORAGE", "LOCAL"),
+                                         stored([3], "STORAGE", "REMOTE"),
+                                         stored([4], "CLUSTER", None)])
+    idx.ingest(b"kv@a@m", (0).to_bytes(8, "big"), enc.encode(batch))
+    a, b = idx.holds("a"), idx.holds("b")
+    assert a[wire.MEDIUM_STORAGE] == {1, 2} and not b[wire.MEDIUM_STORAGE]
+    assert a[wire.MEDIUM_CLUSTER] == b[wire.MEDIUM_CLUSTER] == {3, 4}
+    assert idx.media("b", [3, 4, 1]) == [BIT[wire.MEDIUM_CLUSTER]] * 2  # 1 is a's alone
+    for ev in wire.unpack_batch(wire.pack_batch([wire.Stored((5,), wire.MEDIUM_CLUSTER),
+                                                 wire.Stored((6,), wire.MEDIUM_STORAGE)])).events:
+        assert ev.medium in DYNAMO_WEIGHTS and ev.medium in LLMD_WEIGHTS and ev.medium == "STORAGE"
 
 
 def test_block_hash_is_vllms_conversion():

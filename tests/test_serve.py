@@ -44,6 +44,9 @@ class Server:
 
     def __init__(self, tmp, *args: str, lease: float = 1.0) -> None:
         self.address = f"ipc://{tmp}/serve.sock"
+        for flag, value in zip(args, args[1:]):  # saria serve never creates an SSD directory
+            if flag == "--ssd-dir":
+                os.makedirs(value, exist_ok=True)
         self.args = ["--dram", str(64 * SLOT), "--listen", self.address, "--lease", str(lease),
                      *args]
         self.log = open(os.path.join(tmp, "serve.log"), "a")

@@ -80,3 +80,19 @@ def test_closed_loop_issues_each_request_after_the_previous_first_token():
     assert rep["duration_s"] == pytest.approx(rep["ttft_mean_s"] * n + thinks, rel=1e-9)
     open_loop = run_policy(trace, make_setup("E2", preset), ArrivalModel.from_spec("window:1h"))
     assert open_loop["duration_s"] != pytest.approx(rep["duration_s"])
+
+
+@pytest.mark.skipif(SARIA_CLI is None, reason="the saria entry point is not installed")
+def test_sweep_over_ssd_capacity_sizes_each_drive(tmp_path):
+    """--ssd 200GB,1TB: one row per drive size, each with that drive's
+    lifetime (5x the writes' days on the 5x drive when the writes are equal)."""
+    r = subprocess.run([SARIA_CLI, "sweep", "--sessions", "5", "--dram", "16GB",
+                        "--policy", "full-duplicate", "--ssd", "200GB,1TB", "--out", str(tmp_path),
+                        "--jobs", "1"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = {float(row["ssd_bytes"]): row for row in csv.DictReader((tmp_path / "sweep.csv").open())}
+    assert set(rows) == {200e9, 1e12}
+    small, big = rows[200e9], rows[1e12]
+    if small["ssd_bytes_written"] == big["ssd_bytes_written"]:  # neither drive filled up
+        assert float(big["ssd_lifetime_days"]) == pytest.approx(5 * float(small["ssd_lifetime_days"]))
+    assert float(small["write_budget_fraction"]) > float(big["write_budget_fraction"])

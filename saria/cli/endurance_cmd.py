@@ -29,8 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__.split("\n\n", 2)[2])
     # Values stay strings here and are parsed in run(), so a bad value is a ConfigError that
     # names the flag (one line, exit 2) rather than an argparse usage dump.
-    p.add_argument("--capacity", default=format_size(DGX_H100_DRIVE_BYTES).replace(" ", ""), metavar="SIZE",
-                   help="capacity of each drive (default: 3.84TB, the DGX H100 drive per GPU)")
+    p.add_argument("--capacity", default=None, metavar="SIZE",
+                   help="capacity of each drive (default: the replay's drive with --replay-json, "
+                   "else 3.84TB, the DGX H100 drive per GPU)")
     p.add_argument("--dwpd", default=str(DEFAULT_DWPD), metavar="X",
                    help="rated drive writes per day (default: 1)")
     p.add_argument("--years", default=str(DEFAULT_YEARS), metavar="Y",
@@ -77,8 +78,20 @@ def _target_days(text: str | None) -> float | None:
     return days
 
 
+def _default_capacity(replay_json: Path | None) -> str:
+    """The drive the replay replayed (its ``--ssd``), else the DGX H100's."""
+    if replay_json is not None:
+        try:
+            ssd = orjson.loads(replay_json.read_bytes()).get("config", {}).get("ssd_bytes_per_drive")
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            ssd = None  # reports_from_replay names what is wrong with the file
+        if isinstance(ssd, (int, float)) and ssd > 0:
+            return str(ssd)
+    return str(DGX_H100_DRIVE_BYTES)
+
+
 def run(args: argparse.Namespace) -> int:
-    capacity = parse_size(args.capacity, name="--capacity")
+    capacity = parse_size(args.capacity or _default_capacity(args.replay_json), name="--capacity")
     if capacity <= 0:
         raise ConfigError("--capacity", f"must be positive, got {args.capacity!r}")
     dwpd = _number(args.dwpd, "--dwpd")

@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="saria",
         description="Tiered KV cache for LLM serving: traces, index benchmark and tools.",
     )
+    from saria import __version__
+
+    parser.add_argument("--version", action="version", version=f"saria {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     import importlib
@@ -42,7 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # a subcommand that re-reads its flags (saria serve --config)
     try:
         return int(args.func(args) or 0)
     except SariaError as exc:

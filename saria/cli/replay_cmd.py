@@ -7,7 +7,9 @@ With no arguments: the default slice of the bundled WEKA bundle -- its first
 90 sessions (one GPU's share when the 710 sessions are spread over a DGX
 H100's 8 GPUs), starting uniformly at random in a 12-hour window -- on the
 default preset (Qwen3-8B, H100, PCIe Gen5, one Gen4 NVMe, 256 GB DRAM), under
-dram-only, full-duplicate, write-back and saria.
+dram-only, full-duplicate, write-back, saria and budget. Under the table: the
+policy to run on the drive replayed (``--ssd``, ``--drives``) and a warning
+when the GPU queue saturated.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from saria.sim.engine import LOOKUPS
 from saria.sim.parallel import available_cpus
 from saria.sim.presets import DEFAULT_PRESET, get_preset
 from saria.sim.replay import DEFAULT_POLICIES, ReadPath, make_setup, run_policies
+from saria.sim.verdict import recommend, saturated
 from saria.traces import BUNDLED, FORMATS, load_trace, resolve_trace
 from saria.traces.arrivals import ArrivalModel
 from saria.transfer import COORDINATOR_MODES
-from saria.units import format_size, parse_size
+from saria.units import format_rate, format_size, parse_size
 
 DEFAULT_SESSIONS = 90
 DEFAULT_ARRIVALS = "window:12h"
@@ -51,7 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    f"default: {', '.join(DEFAULT_POLICIES)}")
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"MODEL/HARDWARE (default {DEFAULT_PRESET})")
     p.add_argument("--dram", default=None, metavar="SIZE", help="DRAM pool (e.g. 256GB, unlimited, 0)")
-    p.add_argument("--ssd", default=None, metavar="SIZE", help="SSD capacity per drive (e.g. 3.84TB, unlimited, 0)")
+    p.add_argument("--ssd", default=None, metavar="SIZE",
+                   help="SSD capacity per drive (e.g. 200GB, 3.84TB, unlimited, 0); lifetime and "
+                   "write budget are computed for this drive (default: the preset's, 3.84TB)")
+    p.add_argument("--drives", type=int, default=None, metavar="N",
+                   help="SSD drives per GPU, writes spread over them (default: the preset's, 1)")
     p.add_argument("--block-size", type=int, default=None, metavar="TOKENS",
                    help="engine block size in tokens (default: the preset's, 64)")
     p.add_argument("--arrivals", default=None, metavar="SPEC",
@@ -101,6 +108,10 @@ def parse_args_to_config(args: argparse.Namespace) -> dict:
         if args.block_size < 1:
             raise ConfigError("--block-size", f"must be a positive number of tokens, got {args.block_size}")
         preset = preset.with_(block_size=args.block_size)
+    if args.drives is not None:
+        if args.drives < 1:
+            raise ConfigError("--drives", f"must be at least 1, got {args.drives}")
+        preset = preset.with_(ssd_count=args.drives)
     dram = None if args.dram is None else parse_size(args.dram, name="--dram", allow_unlimited=True)
     ssd = None if args.ssd is None else parse_size(args.ssd, name="--ssd", allow_unlimited=True)
     block_bytes = preset.block_size * preset.model.kv_bytes_per_token
@@ -165,9 +176,15 @@ def run(args: argparse.Namespace) -> int:
         "preset": cfg["preset"].name, "block_size": cfg["preset"].block_size,
         "dram_bytes": _num(hw.dram_bytes if cfg["dram"] is None else cfg["dram"]),
         "ssd_bytes_per_drive": _num(hw.ssd_bytes if cfg["ssd"] is None else cfg["ssd"]),
-        "ssd_count": hw.ssd_count, "dwpd": hw.dwpd, "max_context": args.max_context,
+        "ssd_count": hw.ssd_count, "dwpd": hw.dwpd, "endurance_years": hw.endurance_years,
+        "max_context": args.max_context,
     }
-    Console().print(_table(results, config))
+    out = Console()
+    if not out.is_terminal:  # a pipe or a file: wide enough for five policies side by side
+        out = Console(width=max(out.width, 112))
+    out.print(_table(results, config))
+    for line in verdict_lines(results, config):
+        out.print(line, highlight=False)
     if args.json is not None:
         args.json.write_bytes(orjson.dumps({"config": config, "policies": results},
                                            option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
@@ -278,29 +295,34 @@ def _num(x: float) -> float | None:
     return None if math.isinf(x) else x
 
 
-# Rows are metrics, columns policies: four policies fit an 80-column terminal.
+def _pct_or_dash(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+# Rows are metrics, columns policies: five policies fit a 100-column terminal.
 _ROWS = (
     ("SSD written", lambda r: format_size(r["ssd_bytes_written"])),
+    ("SSD write rate", lambda r: format_rate(r["ssd_write_rate_Bps"])),
     ("SSD read", lambda r: format_size(r["ssd_bytes_read"])),
-    ("SSD writes never read", lambda r: "-" if r["ssd_writes_never_read_fraction"] is None
-     else f"{100 * r['ssd_writes_never_read_fraction']:.1f}%"),
+    ("SSD writes never read", lambda r: _pct_or_dash(r["ssd_writes_never_read_fraction"])),
     ("state read (hybrid)", lambda r: "-" if not (r["state_bytes_read_dram"]
                                                   or r["state_bytes_read_ssd"])
      else f"{format_size(r['state_bytes_read_dram'])} DRAM, "
      f"{format_size(r['state_bytes_read_ssd'])} SSD"),
-    ("hit ratio (tokens)", lambda r: f"{r['hit_ratio_tokens']:.3f}"),
+    ("hit ratio (tokens) ↑", lambda r: f"{r['hit_ratio_tokens']:.3f}"),
     ("  from GPU", lambda r: f"{r['gpu_hit_ratio_tokens']:.3f}"),
     ("  from DRAM", lambda r: f"{r['dram_hit_ratio_tokens']:.3f}"),
     ("  from SSD", lambda r: f"{r['ssd_hit_ratio_tokens']:.3f}"),
     ("DRAM evictions", lambda r: f"{r['dram_evictions']:,}"),
-    ("TTFT mean", lambda r: f"{r['ttft_mean_s']:.2f} s"),
-    ("TTFT P50", lambda r: f"{r['ttft_p50_s']:.2f} s"),
-    ("TTFT P90", lambda r: f"{r['ttft_p90_s']:.2f} s"),
-    ("TTFT P99", lambda r: f"{r['ttft_p99_s']:.2f} s"),
-    ("TTFT worst 25% mean", lambda r: f"{r['ttft_worst25_mean_s']:.2f} s"),
-    ("SSD lifetime", lambda r: "-" if r["ssd_lifetime_days"] is None
+    ("TTFT mean (sim.) ↓", lambda r: f"{r['ttft_mean_s']:.2f} s"),
+    ("TTFT P50 ↓", lambda r: f"{r['ttft_p50_s']:.2f} s"),
+    ("TTFT P90 ↓", lambda r: f"{r['ttft_p90_s']:.2f} s"),
+    ("TTFT P99 ↓", lambda r: f"{r['ttft_p99_s']:.2f} s"),
+    ("TTFT worst 25% mean ↓", lambda r: f"{r['ttft_worst25_mean_s']:.2f} s"),
+    ("GPU queue wait mean ↓", lambda r: f"{r['gpu_queue']['wait_mean_s']:.2f} s"),
+    ("SSD lifetime ↑", lambda r: "-" if r["ssd_lifetime_days"] is None
      else f"{r['ssd_lifetime_days']:,.0f} d"),
-    ("write budget used", lambda r: f"{100 * r['write_budget_fraction']:.1f}%"),
+    ("write budget used/day ↓", lambda r: _pct_or_dash(r["write_budget_fraction"])),
 )
 
 
@@ -312,11 +334,27 @@ _CLUSTER_ROWS = (
 )
 
 
+def _drive(config: dict) -> str:
+    ssd = config["ssd_bytes_per_drive"]
+    size = "unlimited" if ssd is None else format_size(ssd)
+    return (f"SSD {config['ssd_count']} x {size} at {config['dwpd']:g} DWPD "
+            f"over {config['endurance_years']:g} y")
+
+
+def _hours(results: dict[str, dict]) -> str:
+    return f"{max(r['duration_s'] for r in results.values()) / 3600:.1f} h"
+
+
 def _table(results: dict[str, dict], config: dict) -> Table:
-    t = Table(title=f"saria replay: {Path(config['trace']).name}",
+    t = Table(title=f"saria replay: {Path(config['trace']).name}", caption_justify="left",
               caption=f"{config['sessions']} sessions, {config['arrivals']}, {config['preset']}, "
-              f"DRAM {format_size(config['dram_bytes'] or math.inf)}")
-    t.add_column("")
+              f"DRAM {format_size(config['dram_bytes'] or math.inf)}, {_drive(config)}.\n"
+              f"Replayed {_hours(results)} of arrivals and service. "
+              "TTFT is simulated (one GPU of the preset: queue + reload + prefill). "
+              "↑ higher is better, ↓ lower. Write budget: the replay's mean write rate against "
+              "the drives' daily rating (100% wears them out in exactly the rated years); "
+              "lifetime at that rate.")
+    t.add_column("", no_wrap=True)
     for name in results:
         t.add_column(name, justify="right")
     for label, cell in _ROWS:
@@ -325,3 +363,32 @@ def _table(results: dict[str, dict], config: dict) -> Table:
         for label, cell in _CLUSTER_ROWS:
             t.add_row(label, *(cell(r) for r in results.values()))
     return t
+
+
+def verdict_lines(results: dict[str, dict], config: dict) -> list[str]:
+    """The recommendation and the saturation warning printed under the table."""
+    lines = []
+    rec = recommend(results)
+    if rec is None:
+        lines.append(f"No policy replayed fits the drive's rating ({_drive(config)}): "
+                     "add --policy budget, or a larger --ssd or more --drives.")
+    else:
+        line = (f"Recommended: {rec.policy} -- the best mean TTFT ({rec.ttft_mean_s:.2f} s) of the "
+                f"policies within the drive's rating ({100 * rec.budget_fraction:.1f}% of it)")
+        if rec.runner_up is not None:
+            gain = 1 - rec.ttft_mean_s / rec.runner_up_ttft_s if rec.runner_up_ttft_s else 0.0
+            line += f"; {100 * gain:.1f}% below {rec.runner_up} ({rec.runner_up_ttft_s:.2f} s)"
+        if rec.faster is not None:
+            life = ("" if rec.faster_lifetime_days is None
+                    else f", the drive worn out in {rec.faster_lifetime_days:,.0f} days")
+            line += (f". {rec.faster} is faster ({rec.faster_ttft_s:.2f} s) but uses "
+                     f"{100 * rec.faster_budget:.0f}% of the rating{life}")
+        lines.append(line + ".")
+    hot = saturated(results)
+    if hot:
+        worst = max(results[n]["gpu_queue"]["busy_longest_s"] for n in hot)
+        lines.append(f"Warning: the GPU queue saturated under {', '.join(hot)} (busy for up to "
+                     f"{worst / 3600:.1f} h without draining, the wait still rising): arrivals "
+                     "outran one GPU, so TTFT there measures the load more than the cache; "
+                     "replay fewer --sessions or a longer --arrivals window for a sizing.")
+    return lines

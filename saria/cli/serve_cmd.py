@@ -3,6 +3,7 @@
     saria serve --dram 64GB --ssd-dir /mnt/nvme0/kv --ssd-dir /mnt/nvme1/kv --ssd-bytes 2TB
     saria serve --dram 64GB --remote mooncake://10.0.0.5:50051 --remote-segment 32GB \
         --remote-fleet-key /etc/saria/fleet.key
+    saria serve --config /etc/saria/serve.toml      # the same keys as the flags
     saria status ipc:///run/user/1000/saria/serve.sock
     saria serve keygen --out /etc/saria/keys --name server --name engine-a
     saria serve --listen tcp://10.0.0.7:5555 --curve-secret /etc/saria/keys/server.key_secret \
@@ -10,8 +11,11 @@
 
 Engines point their connector's ``server`` key at ``--listen``. ``--remote``
 makes a Mooncake Store the fleet shares this node's cluster tier (its master;
-the metadata server defaults to the master host's, port 8080). The server logs
-one line per tier at start, serves until SIGTERM, then flushes and closes.
+the metadata server defaults to the master host's, port 8080). At start the
+server checks every SSD directory (it never creates one), the cluster tier and
+the listen address, and exits with one line naming the flag if one is bad;
+it logs one line per tier, serves until SIGTERM, then flushes, says what it
+kept for the next start (SSD blocks) and what not (DRAM), and closes.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ def register(sub) -> None:
 
     p = sub.add_parser("serve", help="run the node's shared cache server (one per node)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="a TOML file of these flags' values (keys as the flags: dram, ssd-dir, "
+                   "...); flags given here override it")
     p.add_argument("--dram", default="16GB", help="DRAM pool size (default 16GB)")
     p.add_argument("--ssd-dir", action="append", default=[],
                    help="an SSD directory (repeat for several drives)")
@@ -56,7 +63,7 @@ def register(sub) -> None:
     for flag, key, what in _REMOTE_FLAGS:
         p.add_argument(flag, default=None, dest=key, help=what)
     _security_flags(p)
-    p.set_defaults(func=_serve)
+    p.set_defaults(func=_serve, parser=p)
 
     s = sub.add_parser("status", help="print a running saria serve's figures")
     s.add_argument("address", nargs="?", default=default_listen())
@@ -172,6 +179,13 @@ def _serve(args) -> int:
 
     if args.action == "keygen":
         return _keygen(args)
+    if args.config is not None:
+        from saria.cli import serve_config
+
+        rest = args.argv[args.argv.index("serve") + 1:]
+        args = serve_config.parse(args.parser, rest, serve_config.load(args.config),
+                                  source=args.config)
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     cfg = ServerConfig(
         listen=args.listen, dram_bytes=int(parse_size(args.dram, name="--dram")),

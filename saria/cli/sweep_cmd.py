@@ -1,7 +1,7 @@
 """``saria sweep``: a grid of replays in parallel, written as CSV + PNG.
 
     saria sweep [TRACE] [--policy NAME ...] [--dram SIZES] [--arrivals SPEC ...]
-                [--ssd-count NS] [--r RS] [--coordinator MODES] [--out DIR] [--jobs N]
+                [--ssd SIZES] [--ssd-count NS] [--r RS] [--coordinator MODES] [--out DIR] [--jobs N]
 
 Lists are comma-separated (``--dram 64GB,256GB``); ``--arrivals`` repeats
 (its specs contain commas). Writes ``sweep.csv``, ``sweep.json`` and
@@ -46,6 +46,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dram", default=None, metavar="SIZES", help="comma list, e.g. 64GB,256GB")
     p.add_argument("--arrivals", action="append", default=None, metavar="SPEC",
                    help="repeatable, e.g. --arrivals window:2h --arrivals window:12h")
+    p.add_argument("--ssd", default=None, metavar="SIZES",
+                   help="SSD capacity per drive, comma list, e.g. 200GB,1TB,3.84TB (sizing a drive: "
+                   "each row's lifetime and write budget are that drive's)")
     p.add_argument("--ssd-count", default=None, metavar="NS", help="comma list, e.g. 1,2")
     p.add_argument("--r", default=None, metavar="RS", help="saria's DRAM share, comma list")
     p.add_argument("--coordinator", default=None, metavar="MODES",
@@ -86,6 +89,14 @@ def _count(t: str) -> int:
     return n
 
 
+def _ssd_size(t: str, preset) -> float:
+    size = parse_size(t, name="--ssd", allow_unlimited=True)
+    block = preset.block_size * preset.model.kv_bytes_per_token
+    if 0 < size < block:
+        raise ConfigError("--ssd", f"{t} is smaller than one block ({block} bytes)")
+    return size
+
+
 def _share(t: str) -> float:
     r = float(t)
     if not 0 <= r <= 1:
@@ -114,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     drams = _list(args.dram, "--dram",
                   lambda t: parse_size(t, name="--dram", allow_unlimited=True))
     ssds = _list(args.ssd_count, "--ssd-count", _count)
+    sizes = _list(args.ssd, "--ssd", lambda t: _ssd_size(t, preset))
     rs = _list(args.r, "--r", _share)
     coords = _list(args.coordinator, "--coordinator", _mode)
     arrivals = args.arrivals or ["window:12h"]
@@ -123,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--jobs", "must be at least 1")
     if args.sessions < 0:
         raise ConfigError("--sessions", "must not be negative")
-    points = expand_grid(policies, drams, arrivals, ssds, rs, coords)
+    points = expand_grid(policies, drams, arrivals, ssds, rs, coords, sizes)
     args.out.mkdir(parents=True, exist_ok=True)
 
     path = resolve_trace(args.trace)

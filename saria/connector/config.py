@@ -57,6 +57,7 @@ model on the same drives never reads the first one's pages.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -75,6 +76,25 @@ KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admiss
         "ingress_bytes_per_s", "events", "metrics_port", "dwpd", "config_file", "server",
         "server_timeout_s", "engine_name", "remote", "server_curve_secret", "server_curve_key",
         "server_uid", "server_ssd_roots")
+
+
+def key_docs() -> dict[str, str]:
+    """Each key's meaning, from the table in this module's docstring (the one
+    place it is written; the docs site's key table is generated from it)."""
+    doc = __doc__.splitlines()
+    rules = [i for i, line in enumerate(doc) if line.startswith("=" * 17)]
+    lines = doc[rules[1] + 1:rules[2]]
+    docs: dict[str, str] = {}
+    key = None
+    for line in lines:
+        if line[:1].strip():  # a key starts its row (a long one runs into the text column)
+            key, _, text = line.partition(" ")
+            docs[key] = text.strip()
+        elif key is not None:
+            docs[key] += " " + line.strip()
+    return docs
+
+
 # the server's settings: an engine that uses a server cannot also set them
 SERVER_OWNED = ("dram_bytes", "ssd_dirs", "ssd_bytes", "admission", "promotion", "promotion_r",
                 "promotion_min_age_s", "write_queue", "dwpd", "remote")
@@ -137,7 +157,9 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
         raw = {**_read_file(path), **raw}
     unknown = sorted(set(raw) - set(KEYS))
     if unknown:
-        raise ConfigError(unknown[0], f"unknown key in kv_connector_extra_config "
+        close = difflib.get_close_matches(unknown[0], KEYS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(unknown[0], f"unknown key in kv_connector_extra_config; {hint}"
                           f"(known: {', '.join(KEYS)})")
     server = raw.get("server")
     if server is not None:

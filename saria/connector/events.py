@@ -1,6 +1,7 @@
 """saria's residency events in vLLM's own KV-event format.
 
-DRAM is vLLM's ``CPU`` medium and the SSD its ``STORAGE`` medium. Block hashes
+DRAM is vLLM's ``CPU`` medium and the SSD its ``STORAGE`` medium, ``locality`` ``LOCAL``
+(the engine's own storage; a cluster tier would be ``REMOTE``). Block hashes
 are saria's block keys; they equal the engine's own block hashes when the
 engine hashes with the same algorithm and seed (``--prefix-caching-hash-algo
 sha256_cbor`` and saria's default seed, vLLM's ``"vllm-none-hash"``), so a
@@ -20,6 +21,8 @@ from saria.index import Tier
 from saria.runtime import CacheEvent
 
 MEDIUM = {Tier.DRAM: MEDIUM_CPU, Tier.SSD: MEDIUM_STORAGE}
+# the SSD is the engine's own storage tier (vLLM's locality, relative to the publisher)
+LOCALITY = {Tier.DRAM: None, Tier.SSD: "LOCAL"}
 
 
 def to_vllm_events(events: list[CacheEvent], tokens_of: dict, block_size: int,
@@ -27,9 +30,10 @@ def to_vllm_events(events: list[CacheEvent], tokens_of: dict, block_size: int,
     out: list[KVCacheEvent] = []
     h = lambda k: maybe_convert_block_hash(k[:digest_size])  # noqa: E731
     for ev in events:
-        medium = MEDIUM[ev.tier]
+        medium, locality = MEDIUM[ev.tier], LOCALITY[ev.tier]
         if ev.kind == "removed":
-            out.append(BlockRemoved(block_hashes=[h(k) for k in ev.keys], medium=medium))
+            out.append(BlockRemoved(block_hashes=[h(k) for k in ev.keys], medium=medium,
+                                    locality=locality))
             continue
         known = [tokens_of.get(k) for k in ev.keys]
         if ev.chained and all(known):
@@ -39,9 +43,10 @@ def to_vllm_events(events: list[CacheEvent], tokens_of: dict, block_size: int,
                 parent_block_hash=h(ev.parent) if ev.parent is not None else None,
                 token_ids=[t for toks, _ in known for t in toks], block_size=block_size,
                 lora_id=lora.lora_int_id if lora else None, medium=medium,
-                lora_name=lora.lora_name if lora else None))
+                lora_name=lora.lora_name if lora else None, locality=locality))
             continue
         for k in ev.keys:  # no tokens: one self-contained event per block
             out.append(BlockStored(block_hashes=[h(k)], parent_block_hash=None, token_ids=[],
-                                   block_size=0, lora_id=None, medium=medium, lora_name=None))
+                                   block_size=0, lora_id=None, medium=medium, lora_name=None,
+                                   locality=locality))
     return out

@@ -163,11 +163,32 @@ def _tp_rank() -> int:
         return 0
 
 
+class _ToVllmLog(logging.Handler):
+    """Hands saria's records to the ``vllm`` logger, whose handlers vLLM sets
+    up when its engine starts (after plugins load): vLLM's format and stream."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        logging.getLogger("vllm").handle(record)
+
+
+def attach_to_vllm_log() -> None:
+    """saria's log lines in vLLM's log, at INFO, once per process. Without
+    this they went nowhere: ``saria.connector`` had no handler, and vLLM's
+    root logger has none either."""
+    saria_log = logging.getLogger("saria")
+    if any(isinstance(h, _ToVllmLog) for h in saria_log.handlers):
+        return
+    saria_log.addHandler(_ToVllmLog())
+    saria_log.setLevel(logging.INFO)
+    saria_log.propagate = False  # once, not again through a root handler
+
+
 def register_vllm_plugin() -> None:
     """``vllm.general_plugins`` entry point: makes ``kv_connector="SariaConnector"``
     work without ``kv_connector_module_path``."""
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
+    attach_to_vllm_log()
     if "SariaConnector" not in KVConnectorFactory._registry:
         KVConnectorFactory.register_connector("SariaConnector", "saria.connector.vllm",
                                               "SariaConnector")

@@ -55,10 +55,11 @@ class FleetIndex:
                 for h in [h for h, who in self._cluster.items() if node in who]:
                     self._drop_cluster(h, node)
                 continue
-            bit = BIT.get(ev.medium)
+            medium = wire.medium_of(ev)  # STORAGE + REMOTE: the cluster tier
+            bit = BIT.get(medium)
             if bit is None:
                 continue  # a medium this router does not know
-            if ev.medium == wire.MEDIUM_CLUSTER:
+            if medium == wire.MEDIUM_CLUSTER:
                 for h in ev.hashes:
                     if isinstance(ev, wire.Stored):
                         self._cluster.setdefault(h, set()).add(node)

@@ -10,9 +10,14 @@ messages: PUB drops at its high-water mark), ``payload`` a msgpack
 Dynamo's indexers read saria's events as they read vLLM's; the tests decode
 them with vLLM's own msgspec types.
 
-Media: DRAM is vLLM's ``CPU``, the SSD its ``STORAGE``, and a cluster tier
-(Mooncake Store) ``CLUSTER`` with ``locality`` ``REMOTE``: a medium no
-engine announces, which indexers that weigh unknown media keep apart.
+Media: DRAM is vLLM's ``CPU``; the SSD its ``STORAGE`` with ``locality``
+``LOCAL``; a cluster tier (Mooncake Store) ``STORAGE`` with ``locality``
+``REMOTE`` -- vLLM's own marking of a storage tier the publisher does not hold
+itself, so routers that know only vLLM's media accept it (Dynamo's router
+fails closed on a medium it does not know; llm-d scores an unconfigured tier
+0). Inside saria the cluster tier keeps its own name, ``CLUSTER``
+(``medium_of``); an event written with it goes out as ``STORAGE`` +
+``REMOTE``, and an older publisher's ``CLUSTER`` is still read.
 
 Block hashes are ints by default (vLLM's ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``,
 on by default: the low 64 bits of the key's digest read big-endian), or the
@@ -31,6 +36,7 @@ import msgpack
 
 MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE, MEDIUM_CLUSTER = "GPU", "CPU", "STORAGE", "CLUSTER"
 MEDIA = (MEDIUM_GPU, MEDIUM_CPU, MEDIUM_STORAGE, MEDIUM_CLUSTER)
+LOCAL, REMOTE = "LOCAL", "REMOTE"  # vLLM's locality: relative to the publisher
 _MASK64 = (1 << 64) - 1
 
 
@@ -38,6 +44,25 @@ def block_hash(key: bytes, digest: int = 32, as_int: bool = True) -> int | bytes
     """What vLLM's ``maybe_convert_block_hash`` makes of a block key."""
     d = bytes(key[:digest])
     return int.from_bytes(d, "big") & _MASK64 if as_int else d
+
+
+def medium_of(ev: "Stored | Removed") -> str:
+    """saria's medium of an event as read off the wire: ``STORAGE`` +
+    ``REMOTE`` (or an older publisher's ``CLUSTER``) is the cluster tier,
+    ``STORAGE`` otherwise the node's own SSD."""
+    if ev.medium == MEDIUM_CLUSTER or (ev.medium == MEDIUM_STORAGE and ev.locality == REMOTE):
+        return MEDIUM_CLUSTER
+    return ev.medium
+
+
+def _wire_medium(medium: str, locality: str | None) -> tuple[str, str | None]:
+    """What goes on the wire for saria's medium: the cluster tier as vLLM marks a
+    remote storage tier, the SSD as a local one."""
+    if medium == MEDIUM_CLUSTER:
+        return MEDIUM_STORAGE, REMOTE
+    if medium == MEDIUM_STORAGE and locality is None:
+        return MEDIUM_STORAGE, LOCAL
+    return medium, locality
 
 
 def topic(node: str, model: str) -> str:
@@ -88,19 +113,20 @@ class Batch:
 
 
 def _event_map(ev: Event) -> dict:
+    if isinstance(ev, Cleared):
+        return {"type": "AllBlocksCleared"}
+    if not isinstance(ev, (Stored, Removed)):
+        raise TypeError(f"not a KV event: {ev!r}")
+    medium, locality = _wire_medium(ev.medium, ev.locality)
     if isinstance(ev, Stored):
         m = {"type": "BlockStored", "block_hashes": list(ev.hashes),
              "parent_block_hash": ev.parent, "token_ids": list(ev.token_ids),
-             "block_size": ev.block_size, "lora_id": None, "medium": ev.medium,
+             "block_size": ev.block_size, "lora_id": None, "medium": medium,
              "lora_name": None}
-    elif isinstance(ev, Removed):
-        m = {"type": "BlockRemoved", "block_hashes": list(ev.hashes), "medium": ev.medium}
-    elif isinstance(ev, Cleared):
-        return {"type": "AllBlocksCleared"}
     else:
-        raise TypeError(f"not a KV event: {ev!r}")
-    if ev.locality is not None:
-        m["locality"] = ev.locality
+        m = {"type": "BlockRemoved", "block_hashes": list(ev.hashes), "medium": medium}
+    if locality is not None:
+        m["locality"] = locality
     return m
 
 

@@ -73,6 +73,7 @@ from saria.serve.metrics import ServerMetrics
 from saria.serve.publisher import EventPublisher, to_wire
 from saria.serve import fence as F
 from saria.serve.specids import SpecIds
+from saria.serve.startup import check, stop_summary
 from saria.serve.paths import default_listen, default_runtime_dir  # noqa: F401
 from saria.serve.tenants import Tenants, map_keys
 
@@ -266,9 +267,11 @@ class CacheServer:
             log.exception("saria serve: %s failed (the server goes on)", fn.__name__)
 
     def close(self) -> None:
-        for cache in self.caches.values():
+        for ns, cache in self.caches.items():
             try:
                 cache.flush()
+                for line in stop_summary({ns: cache}):  # what the next start finds
+                    log.info(line)
             finally:
                 cache.close()
         for tier in self.remotes.values():
@@ -884,9 +887,10 @@ def run(cfg: ServerConfig) -> int:
     if live is not None:
         raise ConfigError("listen", f"a saria serve already answers at {cfg.listen} "
                           f"(boot {live['boot']})")
+    check(cfg)  # every SSD dir, the remote tier, the listen address: one line if bad
     server = CacheServer(cfg)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: server.stop())
     server.serve()
-    log.info("saria serve: stopped, caches flushed")
+    log.info("saria serve: stopped")
     return 0

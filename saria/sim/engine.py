@@ -84,7 +84,10 @@ class ReplayStats:
     load_s: float = 0.0
     prefill_s: float = 0.0
     first_arrival: float = float("inf")
+    last_arrival: float = 0.0
     last_done: float = 0.0
+    queue_s: list = field(default_factory=list)  # per request: GPU work queued ahead on arrival
+    arrival_s: list = field(default_factory=list)  # per request, in service order
     write_log: list = field(default_factory=list)  # (time, SSD bytes written then)
 
 
@@ -114,11 +117,17 @@ class ReplaySetup:
         model = self.preset.model
         return -(-int(model.state_bytes) // self.block_bytes) if model.hybrid else 0
 
+    @property
+    def ssd_bytes_per_drive(self) -> float:
+        """The SSD capacity replayed, per drive (``--ssd``, else the preset's):
+        what the endurance figures are computed from."""
+        return self.preset.hardware.ssd_bytes if self.ssd_bytes is None else float(self.ssd_bytes)
+
     def capacities(self) -> dict[Tier, int]:
         """Blocks each tier holds (SSD: all drives together)."""
         hw = self.preset.hardware
         dram = hw.dram_bytes if self.dram_bytes is None else self.dram_bytes
-        ssd = hw.ssd_bytes if self.ssd_bytes is None else self.ssd_bytes
+        ssd = self.ssd_bytes_per_drive
         return {GPU: _blocks(hw.gpu_cache_bytes, self.block_bytes),
                 DRAM: _blocks(dram, self.block_bytes),
                 SSD: _blocks(ssd, self.block_bytes) * hw.ssd_count}
@@ -285,6 +294,8 @@ class Replay:
         # (one request of look-ahead, as a connector loads while the previous
         # prefill runs) and shares the ingress link with earlier reloads.
         issued = max(a.time, self.gpu_started)
+        st.queue_s.append(max(self.gpu_free_at - a.time, 0.0))
+        st.arrival_s.append(a.time)
         fetched = issued
         if from_cluster is not None:
             fetched, dram_bytes = self._cluster_fetch(from_cluster, hit < limit, issued,
@@ -313,6 +324,7 @@ class Replay:
         st.load_s += load
         st.prefill_s += prefill
         st.first_arrival = min(st.first_arrival, a.time)
+        st.last_arrival = max(st.last_arrival, a.time)
         st.last_done = max(st.last_done, done)
 
         put_before = self._put_blocks()

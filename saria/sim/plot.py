@@ -24,15 +24,16 @@ def pareto(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def frontier_plot(rows: Sequence[dict], path: Path, *, title: str = "") -> Path:
-    """One column per (arrivals, DRAM, SSDs) setting; top row mean TTFT,
+    """One column per (arrivals, DRAM, SSDs, SSD size) setting; top row mean TTFT,
     bottom row P90 TTFT, against SSD bytes written; the Pareto frontier of
     each panel is drawn as a step line."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["arrivals"], r["dram_bytes"], r["ssd_count"]), []).append(r)
+        key = (r["arrivals"], r["dram_bytes"], r["ssd_count"], r.get("ssd_bytes"))
+        groups.setdefault(key, []).append(r)
     n = len(groups)
     fig, axes = plt.subplots(2, n, figsize=(5.2 * n, 8), squeeze=False)
-    for col, ((arr, dram, ssds), rs) in enumerate(sorted(groups.items(), key=str)):
+    for col, ((arr, dram, ssds, size), rs) in enumerate(sorted(groups.items(), key=str)):
         for row, (key, label) in enumerate((("ttft_mean_s", "mean TTFT (s)"),
                                             ("ttft_p90_s", "P90 TTFT (s)"))):
             ax = axes[row][col]
@@ -53,7 +54,8 @@ def frontier_plot(rows: Sequence[dict], path: Path, *, title: str = "") -> Path:
             ax.set_ylabel(label)
             ax.grid(alpha=0.3)
             if row == 0:
-                ax.set_title(f"{arr}\nDRAM {format_size(dram)}, {ssds} SSD", fontsize=9)
+                drive = "" if size is None else f" x {format_size(size)}"
+                ax.set_title(f"{arr}\nDRAM {format_size(dram)}, {ssds}{drive} SSD", fontsize=9)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

@@ -26,7 +26,7 @@ from saria.sim.report import policy_report
 from saria.traces import Trace
 from saria.traces.arrivals import ArrivalModel, schedule, session_starts, think_times
 
-DEFAULT_POLICIES = ("dram-only", "full-duplicate", "write-back", "saria")
+DEFAULT_POLICIES = ("dram-only", "full-duplicate", "write-back", "saria", "budget")
 
 
 @dataclass(frozen=True, slots=True)

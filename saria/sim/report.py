@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from saria.endurance import EnduranceReport
@@ -26,15 +28,21 @@ def policy_report(replay: Replay) -> dict:
     worst = srt[len(srt) - max(1, len(srt) // 4):] if len(srt) else srt
     rate = float(written.sum()) / duration if duration else 0.0
     per_drive_rates = [float(w) / duration if duration else 0.0 for w in written]
-    if replay.ssd_on:  # an SSD tier with capacity, under a policy that writes
-        end = EnduranceReport(capacity_bytes=float(hw.ssd_bytes), dwpd=hw.dwpd,
+    # Endurance from the drive replayed (--ssd), not the preset's: a 200 GB
+    # drive wears 19x faster than the preset's 3.84 TB under the same writes.
+    capacity = replay.setup.ssd_bytes_per_drive
+    if replay.ssd_on and math.isfinite(capacity):  # an SSD tier, under a policy that writes
+        end = EnduranceReport(capacity_bytes=capacity, dwpd=hw.dwpd,
                               years=hw.endurance_years, write_rate_Bps=rate,
                               drives=replay.n_drives, per_drive_rates=tuple(per_drive_rates))
         lifetime = end.days_to_exhaustion
         budget = end.budget_fraction
+    elif replay.ssd_on:  # an unlimited drive has no rating to wear out
+        lifetime, budget = float("inf"), None
     else:
         lifetime, budget = float("inf"), 0.0
-    rating = float(hw.ssd_bytes) * hw.dwpd * replay.n_drives / 86_400.0  # bytes per second
+    # bytes per second the drives' rating allows (0 for an unlimited drive: no window check)
+    rating = capacity * hw.dwpd * replay.n_drives / 86_400.0 if math.isfinite(capacity) else 0.0
     written_blocks, unread_blocks = replay.ssd_writes_never_read()
     return {
         "requests": st.requests,
@@ -65,7 +73,10 @@ def policy_report(replay: Replay) -> dict:
         "reload_s_total": st.load_s,
         "prefill_s_total": st.prefill_s,
         "ssd_lifetime_days": None if lifetime == float("inf") else lifetime,
-        "write_budget_fraction": budget,
+        "write_budget_fraction": budget,  # None: an unlimited drive
+        "ssd_bytes_per_drive": None if math.isinf(capacity) else capacity,
+        "ssd_drives": replay.n_drives,
+        "gpu_queue": gpu_queue(st, duration),
         "write_excess_h": write_excess_h(st.write_log, rating, st.first_arrival),
         "write_day_peak_fraction": write_day_peak(st.write_log, rating),
         "ssd_blocks_written_distinct": written_blocks,
@@ -117,3 +128,43 @@ def _cluster_report(replay: Replay, hits: dict, tokens: int) -> dict:
 
 def _pct(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) else 0.0
+
+
+# A queue that has not drained for this long while its wait kept rising is
+# one the GPU cannot keep up with (the 12 h default slice's longest busy
+# stretch is 0.5 h under dram-only; the 6 h window's 2.7 h, its wait rising
+# from 19 to 26 minutes).
+SATURATION_BUSY_S = 3600.0
+
+
+def gpu_queue(st, duration: float) -> dict:
+    """How the one GPU's FIFO queue fared: the work found queued on arrival
+    (mean, P90, most), its longest busy stretch (arrivals that each found
+    work queued), and ``saturated``: that stretch lasted at least
+    ``SATURATION_BUSY_S`` and the wait in its last quarter of requests was
+    longer than in its first -- arrivals outran the GPU, so TTFT there says
+    more about the load than about the cache."""
+    q = np.asarray(st.queue_s, dtype=float)
+    t = np.asarray(st.arrival_s, dtype=float)
+    i, j = longest_busy_run(q, t)
+    busy_s = float(t[j] - t[i]) if j >= i else 0.0
+    rising = False
+    if j >= i:
+        seg = q[i:j + 1]
+        k = max(1, len(seg) // 4)
+        rising = float(seg[-k:].mean()) > float(seg[:k].mean())
+    return {"wait_mean_s": float(q.mean()) if len(q) else 0.0, "wait_p90_s": _pct(q, 90),
+            "wait_max_s": float(q.max()) if len(q) else 0.0, "busy_longest_s": busy_s,
+            "saturated": bool(busy_s >= SATURATION_BUSY_S and rising)}
+
+
+def longest_busy_run(queued: np.ndarray, times: np.ndarray) -> tuple[int, int]:
+    """First and last index of the longest run (in time, arrival to arrival)
+    of consecutive arrivals that each found work queued; (0, -1) when none did."""
+    busy = np.concatenate([[0], (queued > 0).astype(np.int8), [0]])
+    edges = np.flatnonzero(np.diff(busy))
+    if not len(edges):
+        return 0, -1
+    starts, ends = edges[0::2], edges[1::2]
+    k = int(np.argmax(times[ends - 1] - times[starts]))
+    return int(starts[k]), int(ends[k]) - 1

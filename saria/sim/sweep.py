@@ -1,5 +1,5 @@
 """A grid of replays, run in parallel: policies x DRAM sizes x arrival models x
-SSD counts x promotion shares x coordinator modes.
+SSD counts x promotion shares x coordinator modes x SSD capacities.
 
 Each grid point is one ``run_policy`` on the same loaded trace; points run in
 worker processes (forked, so the trace is loaded once and shared
@@ -27,18 +27,20 @@ class GridPoint:
     ssd_count: int | None
     r: float | None
     coordinator: str | None
+    ssd_bytes: float | None = None  # per drive; None: the preset's
 
 
 def expand_grid(policies: Sequence[str], drams: Sequence[float | None],
                 arrivals: Sequence[str], ssd_counts: Sequence[int | None],
-                rs: Sequence[float | None], coordinators: Sequence[str | None]) -> list[GridPoint]:
+                rs: Sequence[float | None], coordinators: Sequence[str | None],
+                ssd_sizes: Sequence[float | None] = (None,)) -> list[GridPoint]:
     """Every combination; r only varies for policies that promote (saria)."""
     out = []
-    for pol, dram, arr, ssd, r, coord in itertools.product(policies, drams, arrivals, ssd_counts,
-                                                           rs, coordinators):
+    for pol, dram, arr, ssd, r, coord, size in itertools.product(
+            policies, drams, arrivals, ssd_counts, rs, coordinators, ssd_sizes):
         if pol != "saria" and r != rs[0]:
             continue  # r is lazy promotion's knob: one run is enough elsewhere
-        out.append(GridPoint(pol, dram, arr, ssd, r, coord))
+        out.append(GridPoint(pol, dram, arr, ssd, r, coord, size))
     return out
 
 
@@ -54,7 +56,7 @@ def _run_point(p: GridPoint) -> dict:
     rp = ReadPath(lookup=_OPTS["lookup"], promotion=_OPTS["promotion"],
                   coordinator=p.coordinator or _OPTS["coordinator"], r=p.r)
     setup = make_setup(p.policy, preset, read_path=rp, dram_bytes=p.dram_bytes,
-                       trace_block_size=int(_TRACE.block_size))
+                       ssd_bytes=p.ssd_bytes, trace_block_size=int(_TRACE.block_size))
     if p.policy == "saria" and p.coordinator is not None:
         setup = replace(setup, coordinator=p.coordinator)
     rep = run_policy(_TRACE, setup, ArrivalModel.from_spec(p.arrivals),
@@ -62,6 +64,7 @@ def _run_point(p: GridPoint) -> dict:
     row = {k: v for k, v in asdict(p).items()}
     row["ssd_count"] = preset.hardware.ssd_count
     row["dram_bytes"] = p.dram_bytes if p.dram_bytes is not None else preset.hardware.dram_bytes
+    row["ssd_bytes"] = setup.ssd_bytes_per_drive
     row["coordinator"] = setup.coordinator
     row["promotion"] = setup.promotion.name
     row.update({k: v for k, v in rep.items() if not isinstance(v, (list, dict))})
