@@ -13,6 +13,29 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# Hypothesis profiles (budgets per profile: tests/budgets.py). "ci", the
+# default, draws the same examples on every run and keeps no example
+# database: CI is reproducible and a fresh clone runs what CI ran. "long" is
+# the opt-in search: `--hypothesis-profile=long --hypothesis-seed=N`.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("long", derandomize=False, database=None, print_blob=True)
+settings.load_profile("ci")
+
+
+def pytest_report_header(config):
+    """Where this run ran: a red run on another CPU says which (CPUs differ
+    in kernels and in the block sizes vLLM picks)."""
+    model = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
+                         model)
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"machine: {model}, {os.cpu_count()} cores, {mem:.0f} GiB"
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -12,6 +12,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.errors import ConfigError
 from saria.policy import make_admission, make_promotion
 from saria.policy.budget import DAY, BudgetAdmission
@@ -169,7 +171,7 @@ def test_victims_are_rated_by_the_returns_their_class_earned():
     assert bought[2] > 0 and bought[1] < bought[2] / 2
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(batches=st.lists(st.tuples(st.floats(0, 600), st.integers(0, 40),
                                   st.floats(0, 5000), st.booleans()), min_size=1, max_size=40))
 def test_bucket_invariants_under_random_streams(batches):
@@ -246,7 +248,7 @@ def test_written_at_creation_while_creating_fits_the_rate():
         assert p.state(86_400.0)["day_room_units"] >= 0
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(batches=st.lists(st.tuples(st.floats(0, 20_000), st.integers(0, 60), st.floats(0, 5000),
                                   st.integers(1, 3), st.sampled_from(["evict", "access", "create"])),
                         min_size=1, max_size=40))
@@ -325,7 +327,7 @@ def test_promotion_cutoff_learned_from_return_gaps():
     assert DAY == 86_400.0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True),
                           st.sampled_from(list(ReturnGaps.EDGES[:12]) + [-0.0, 0.0])),
                 max_size=40),

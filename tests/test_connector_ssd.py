@@ -134,21 +134,18 @@ def test_budget_admission_in_the_engine(model, tmp_path):
     the bucket can pay, a later request reads them back with the same output,
     and the metrics endpoint shows the budget in use (rate, spend, level)."""
     import re
-    import socket
     import urllib.request
 
     prompts = [[random.Random(100 + s).randrange(3, 500) for _ in range(10 * BS + 1)]
                for s in range(4)]
     with engine(model) as llm:
         wants = [generate(llm, p)[0] for p in prompts]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     extra = {"dram_bytes": 25 * SLOT, "ssd_dirs": [str(tmp_path / "ssd")],  # 24 + write-behind
              # 2,000 DWPD: a day of a 256-block drive's budget in seconds (6 blocks/s)
              "ssd_bytes": 256 * SLOT, "admission": "budget", "dwpd": 2000, "promotion": "none",
-             "metrics_port": port}
+             "metrics_port": 0}
     with engine(model, extra) as llm:
+        port = scheduler_connector(llm)._scheduler.metrics_server.server_port  # the OS's pick
         for p, w in zip(prompts, wants):  # 40 blocks through 24 DRAM slots
             expect(generate(llm, p), w, 0)
         s = scheduler_connector(llm)._scheduler

@@ -232,3 +232,22 @@ def _corrupt_store(root) -> None:
                     byte = f.read(1)
                     f.seek(off)
                     f.write(bytes([byte[0] ^ 0xFF]) if byte else b"\x00")
+
+
+def test_an_engine_that_fails_to_start_leaves_no_vllm_state_behind(model, baseline):
+    """A connector that stops its engine at start (here: a DRAM tier too
+    small for one block) leaves no KV transfer group, no model-parallel
+    groups and no listener in the process: the next engine starts as on a
+    fresh process -- on an Intel Xeon a failed sliding-window engine once
+    left dense groups behind and the next (MoE) engine found no expert group."""
+    from vllm.distributed.kv_transfer.kv_transfer_state import has_kv_transfer_group
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    with pytest.raises(Exception, match="dram_bytes:"):
+        with engine(model, {"dram_bytes": 1000, "metrics_port": 0}):
+            pass
+    assert not has_kv_transfer_group() and not model_parallel_is_initialized()
+    a, want = baseline["a"]
+    with engine(model, {"dram_bytes": 64 * SLOT}) as llm:
+        expect(generate(llm, a), want, 0)
+        expect(generate(llm, a), want, 288)

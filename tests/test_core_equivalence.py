@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.index import Tier, VirtualClock
 from saria.policy import POLICIES
 from saria.policy.budget import BudgetAdmission
@@ -173,7 +175,7 @@ def test_budget_modes_decide_as_the_simulation(streams, trace, mode, tmp_path, m
     assert_same(sim, real, state)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(data=st.data(), policy=st.sampled_from(ALL_POLICIES),
        promotion=st.sampled_from(["none", "full", "lazy", "lazy-auto"]),
        dram=st.integers(3, 30), ssd=st.integers(0, 40))

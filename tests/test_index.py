@@ -9,6 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.index import KeySet, RadixIndex, Tier, VirtualClock
 from saria.keys import BlockHasher, keys_to_array
 
@@ -383,7 +385,7 @@ def test_saved_handles_serve_interleaved_sessions_as_fresh_walks():
     assert ix.stats().ghosts_dropped > 0  # the budget dropped nodes on the way
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.lists(st.integers(0, 40), max_size=30), max_size=12), st.integers(0, 3))
 def test_key_set_against_a_python_set(batches, split) -> None:
     """KeySet (the replay's distinct SSD-written and read blocks) answers as a

@@ -12,6 +12,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
+from budgets import examples
+
 from reference_index import RefIndex
 from saria.index import RadixIndex, Tier
 
@@ -329,7 +331,7 @@ class IndexMachine(RuleBasedStateMachine):
 
 
 IndexMachine.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=60, deadline=None,
+    max_examples=examples(300), stateful_step_count=60, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestIndexAgainstReference = IndexMachine.TestCase
 

@@ -28,6 +28,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.index import Tier
 from saria.policy.publish import PublishPolicy
 from saria.runtime import CacheConfig, TieredCache
@@ -142,7 +144,7 @@ def run_schedule(tmp_path, data, admission: str, cluster) -> None:
 
 
 @pytest.mark.parametrize("admission", ["saria", "write-back", "dram-only"])
-@settings(max_examples=EXAMPLES, deadline=None,
+@settings(max_examples=examples(EXAMPLES), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large])
 @given(data=st.data())

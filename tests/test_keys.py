@@ -18,6 +18,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.keys import hashing
 from saria.keys import (
     KEY_BYTES,
@@ -205,7 +207,7 @@ def test_numpy_and_numpy_ints_accepted():
 tokens = st.lists(st.integers(0, 200_000), max_size=60)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(tokens, tokens, st.sampled_from([None, "s1", "s2"]), st.integers(1, 8))
 def test_prefix_property(prefix, suffix, salt, bs):
     h = BlockHasher(bs)
@@ -216,7 +218,7 @@ def test_prefix_property(prefix, suffix, salt, bs):
     assert len(short) == len(prefix) // bs and len(long) == len(prefix + suffix) // bs
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.integers(0, 1000), min_size=1, max_size=60), st.data(), st.integers(1, 8))
 def test_chain_property(toks, data, bs):
     i = data.draw(st.integers(0, len(toks) - 1))

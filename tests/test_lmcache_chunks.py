@@ -12,6 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.errors import ConfigError
 from saria.lmcache import AdapterParams, ChunkStore
 from saria.lmcache.chunks import HEADER
@@ -181,7 +183,7 @@ def test_bad_params_name_the_key(tmp_path, monkeypatch, params, key):
     assert str(e.value).startswith(f"{key}: ")
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from(["put", "lookup", "get", "unlock", "remove", "flush"]),
                           st.lists(st.integers(0, 9), min_size=1, max_size=4)), max_size=40),
        st.sampled_from(["saria", "full-duplicate", "write-back", "R2", "budget"]))

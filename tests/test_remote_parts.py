@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
+from budgets import examples
+
 from saria import _store
 from saria.errors import ConfigError
 from saria.tiers.remote.fleetkey import generate
@@ -97,7 +99,7 @@ def test_object_keys_are_namespaced():
     assert codec.keys(keys) == [codec.key(x.tobytes()) for x in keys] == [object_key("a", x.tobytes()) for x in keys]
 
 
-@hsettings(max_examples=60, deadline=None)
+@hsettings(max_examples=examples(60), deadline=None)
 @given(st.data())
 def test_any_changed_byte_is_a_miss(data):
     """A row verifies for its key, namespace and format only: a flip of any

@@ -17,6 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.index import Tier
 from saria.keys import BlockHasher, keys_to_array
 from saria.routing import BIT, EventSubscriber, FleetIndex, wire
@@ -124,7 +126,7 @@ event = st.tuples(st.sampled_from(["stored", "removed", "cleared"]), st.sampled_
                   st.sampled_from(MEDIA), st.lists(st.integers(0, 7), min_size=1, max_size=4))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(event, max_size=40), st.lists(st.integers(0, 7), max_size=8))
 def test_fleet_index_equals_a_brute_force_model(evs, query):
     idx, model, cluster = FleetIndex(), {"a": set(), "b": set()}, set()

@@ -16,6 +16,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from budgets import examples
+
 from saria.index import Tier
 from saria.keys import BlockHasher, keys_to_array
 from saria.runtime import CacheConfig, TieredCache
@@ -198,7 +200,7 @@ class ExternalCopyMachine(RuleBasedStateMachine):
         self.cache.index.check()
 
 
-ExternalCopyMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=25,
+ExternalCopyMachine.TestCase.settings = settings(max_examples=examples(40), stateful_step_count=25,
                                                  deadline=None)
 TestExternalCopy = ExternalCopyMachine.TestCase
 

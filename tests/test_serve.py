@@ -23,6 +23,8 @@ import zmq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.index import Tier
 from saria.keys import BlockHasher, keys_to_array
 from saria.serve import protocol as P
@@ -370,7 +372,7 @@ _values = st.recursive(
     max_leaves=12)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(frame=st.one_of(
     st.binary(max_size=64),
     _values.map(lambda v: msgpack.packb(v, use_bin_type=True)),
@@ -401,7 +403,7 @@ def fuzz_server(tmp_path_factory):
     assert s.stop() == 0
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(arr=st.sampled_from(["|u1", "<i8", "<f4", "<u4", "|b1"]).flatmap(
     lambda dt: st.lists(st.integers(0, 5), min_size=0, max_size=3).flatmap(
         lambda shape: st.just(np.arange(int(np.prod(shape)) if shape else 1)

@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from test_serve import LAYOUT, Server, chain, server, store, wait_for  # noqa: F401 (fixture)
 
 from saria.serve import protocol as P
@@ -145,7 +147,7 @@ def test_the_breaker_refuses_while_open_and_backs_off_its_probes():
     assert b.skipped == 2
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 12)), max_size=60),
        st.integers(1, 5))
 def test_tombstones_match_a_reference_model(events, limit):

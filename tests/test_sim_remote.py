@@ -8,6 +8,8 @@ from collections import OrderedDict
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from budgets import examples
+
 from saria.errors import ConfigError
 from saria.sim.presets import get_preset, load_hardware
 from saria.sim.remote import ClusterKeys, RemoteTierModel
@@ -65,7 +67,7 @@ class Reference:
         return False
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(cap=st.integers(0, 40),
        ops=st.lists(st.tuples(st.sampled_from(["put", "get", "exists", "remove"]), st.integers(0, 60)),
                     max_size=300))

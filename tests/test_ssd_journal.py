@@ -16,6 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.errors import ConfigError
 from saria.tiers.ssd import DATA_FILE_NAME, DATA_OFFSET, HEADER_BYTES, SsdStore, check_drive
 from test_ssd_store import cap_for, flip_byte, keys_for, random_blocks
@@ -200,7 +202,7 @@ def test_compaction_bounds_the_journal_and_keeps_the_live_set(tmp_path):
             assert ok.all()
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(st.tuples(st.sampled_from(["write", "free", "reopen", "reopen-full"]),
                               st.integers(1, 6)), min_size=1, max_size=30),
        compact=st.sampled_from([0, 3, 10]))

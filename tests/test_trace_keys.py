@@ -10,6 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.keys.trace import (
     KEY_BYTES,
     MAGIC,
@@ -39,7 +41,7 @@ def keys(ids, ns=0, tb=64, eb=16, n=None):
 block_sizes = st.sampled_from([1, 2, 3, 5, 16, 32, 48, 64, 100, 128, 512])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     ids=st.lists(st.integers(0, 2**64 - 1), max_size=40),
     ns=st.integers(0, 2**64 - 1),
@@ -96,7 +98,7 @@ def test_keys_unique_across_namespaces_and_block_sizes():
     assert not is_trace_key(bytes(32))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     prompts=st.lists(st.lists(st.integers(0, 2), min_size=0, max_size=60), min_size=1, max_size=8),
     tb=st.sampled_from([2, 3, 4, 8]),

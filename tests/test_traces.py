@@ -14,6 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from budgets import examples
+
 from saria.errors import ConfigError, TraceFormatError
 from saria.traces import (
     Trace,
@@ -306,7 +308,7 @@ def reference_hits(sessions, bs, partial):
     return hb, pb, ht, pt
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(
     sessions=st.lists(st.lists(st.lists(st.integers(0, 12), max_size=8), max_size=6), min_size=1, max_size=4),
     partial=st.booleans(),
@@ -406,7 +408,7 @@ _ID = (st.integers(0, 3) | st.integers(0, 2**32 + 5) | st.integers(-3, 2**64 + 3
        | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=2))
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.lists(_ID, max_size=12))
 def test_hash_ids_fast_path_agrees_with_type_inference(value):
     from saria.traces.model import FieldError, hash_ids_field

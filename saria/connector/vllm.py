@@ -62,8 +62,10 @@ class SariaConnector(KVConnectorBase_V1, SupportsHMA):
             if self.cfg.metrics_port is not None:
                 from saria.connector.stats import serve_prometheus
 
-                self._scheduler.metrics_server = serve_prometheus(self._scheduler,
-                                                                  self.cfg.metrics_port)
+                srv = serve_prometheus(self._scheduler, self.cfg.metrics_port, self.cfg.metrics_host)
+                self._scheduler.metrics_server = srv
+                log.info("saria: metrics on http://%s:%d/metrics", self.cfg.metrics_host,
+                         srv.server_port)
         else:
             from saria.connector.worker import SariaWorker
 

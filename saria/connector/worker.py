@@ -115,8 +115,9 @@ class SariaWorker:
             from saria.connector.states import StateMover
 
             self.states = StateMover(self._kv_caches, self.geo, self.pool, self.ssd_dirs)
-        log.info("saria worker: %d layers, %d B pages, pool %d slots of %d B (%s, %s), SSD %s, "
-                 "coordinator %s", self.geo.num_layers, self.geo.page_bytes, self.pool.num_slots,
+        log.info("saria worker: %d layers, %d B pages (%d kernel blocks each), pool %d slots of "
+                 "%d B (%s, %s), SSD %s, coordinator %s", self.geo.num_layers, self.geo.page_bytes,
+                 pages.kernel_blocks, self.pool.num_slots,
                  self.pool.slot_bytes, "pinned" if self.pool.pinned else "not pinned",
                  pages.device, ", ".join(self.ssd_dirs) or "off", self.cfg.coordinator)
 

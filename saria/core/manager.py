@@ -103,6 +103,11 @@ class CacheManager:
         self.ssd_on = backend.capacity(SSD) > 0 and not admission.writes_nothing
         self._pending: set[bytes] = set()  # block SSD writes in flight (asynchronous backends)
         self._pending_states: set[bytes] = set()  # checkpoint writes in flight, by block key
+        # Checkpoints a load spec names, (tier, handle) -> loads holding it: one
+        # removed from the index meanwhile (superseded) keeps its slots until the
+        # last of them lets go, so a load never reads a freed or reused handle.
+        self._ckpt_readers: dict[tuple[int, int], int] = {}
+        self._ckpt_parked: set[tuple[int, int]] = set()
         self._doomed: set[bytes] = set()   # removed by their owner while in flight
         self._behind: set[bytes] = set()   # victims kept in DRAM until their write lands
         self._linger: set[bytes] = set()   # landed victims a reader still holds
@@ -179,6 +184,8 @@ class CacheManager:
         if np.any(tiers[start:] == GPU):  # only the replay has a GPU tier
             slots, tiers = self.index.slots_in(path, DRAM, SSD)
         spec = LoadSpec(path, start, tiers, slots, plan.checkpoint)
+        if plan.checkpoint is not None:
+            self._hold_checkpoint(plan.checkpoint)
         if self.remote is not None:  # cluster-only blocks: fetched into filling DRAM slots
             spec = self.remote.prepare(spec)
         return spec
@@ -197,6 +204,7 @@ class CacheManager:
         n = max(0, min(int(n), spec.num_blocks))
         if n < spec.num_blocks:
             self._release_tail(spec.path[n:])
+            self._release_checkpoint(spec.checkpoint)
         return LoadSpec(spec.path[:n], min(spec.start, n), spec.tiers[:n], spec.slots[:n],
                         spec.checkpoint if n == spec.num_blocks else None,
                         remote=spec.remote[spec.remote < n])
@@ -232,6 +240,7 @@ class CacheManager:
         n = spec.num_blocks
         if n:
             self._unlock(spec.path)
+        self._release_checkpoint(spec.checkpoint)
         served = n
         if failed is not None and len(failed):
             failed = np.unique(np.asarray(failed, np.int64))
@@ -252,6 +261,7 @@ class CacheManager:
         it; no hit is counted and every copy stays."""
         if spec.num_blocks:
             self._unlock(spec.path)
+        self._release_checkpoint(spec.checkpoint)
 
     def _drop_failed(self, spec: LoadSpec, failed: np.ndarray) -> None:
         self.stats.ssd_read_failures += int(failed.size)
@@ -427,7 +437,7 @@ class CacheManager:
                 if tier == DRAM and older.size and self.ssd_on:
                     self._admit_superseded(path, older, ck)
                 for p in older:
-                    self.backend.free_state(tier, self.index.remove_checkpoint(bytes(path[p]), tier))
+                    self._free_checkpoint(path[p], tier)
                     ck[p] &= 0xFF ^ tier.bit
                 if ck[n - 1] & tier.bit or self.backend.capacity(tier) == 0:
                     continue
@@ -447,7 +457,7 @@ class CacheManager:
         checkpoint then shares its block's write-through admission."""
         key = spec.path[-1]
         if not success and spec.dram_handle is not None:
-            self.backend.free_state(DRAM, self.index.remove_checkpoint(bytes(key), DRAM))
+            self._free_checkpoint(key, DRAM)
         else:
             if spec.dram_handle is not None:
                 self.index.set_checkpoint_ready(bytes(key), DRAM)
@@ -845,6 +855,30 @@ class CacheManager:
             self.events.stored(SSD, path, positions[kept])
         return path[positions[kept]]
 
+    def _free_checkpoint(self, key: np.ndarray, tier: Tier) -> None:
+        """A checkpoint leaves the index (no reader finds it from now on); its
+        slots go back now, or when the last load that names it lets go."""
+        ref = (int(tier), self.index.remove_checkpoint(bytes(key), tier))
+        if ref in self._ckpt_readers:
+            self._ckpt_parked.add(ref)
+        else:
+            self.backend.free_state(tier, ref[1])
+
+    def _hold_checkpoint(self, ck) -> None:
+        ref = (int(ck.tier), int(ck.slot))
+        self._ckpt_readers[ref] = self._ckpt_readers.get(ref, 0) + 1
+
+    def _release_checkpoint(self, ck) -> None:
+        if ck is None:
+            return
+        ref = (int(ck.tier), int(ck.slot))
+        left = self._ckpt_readers.pop(ref) - 1
+        if left:
+            self._ckpt_readers[ref] = left
+        elif ref in self._ckpt_parked:
+            self._ckpt_parked.discard(ref)
+            self.backend.free_state(Tier(ref[0]), ref[1])
+
     def _adopt_state(self, key: np.ndarray, handle: int) -> bool:
         try:
             self.index.add_checkpoint(bytes(key), SSD, handle)
@@ -918,7 +952,7 @@ class CacheManager:
             self.events.removed(tier, gone)
         if self.hybrid:
             for key in ev.keys[(ev.checkpoints & tier.bit) != 0]:
-                self.backend.free_state(tier, self.index.remove_checkpoint(bytes(key), tier))
+                self._free_checkpoint(key, tier)
 
     def _masks(self, keys: np.ndarray) -> tuple[int, np.ndarray]:
         """(known blocks, residency mask of every block of `keys`, 0 past the known)."""
