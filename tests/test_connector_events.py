@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import time
@@ -9,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from test_listeners import listeners, off_loopback
 from vllm_harness import BS, SLOT, engine, generate, model_dir, prompts, scheduler_connector
 
 
@@ -98,6 +100,9 @@ def test_prometheus_endpoint_and_vllm_stats(model, monkeypatch):
     a, _ = prompts(0)
     with engine(model, {"dram_bytes": 64 * SLOT, "metrics_port": 0}) as llm:
         port = scheduler_connector(llm)._scheduler.metrics_server.server_port  # the OS's pick
+        # issue 41: it bound 0.0.0.0; now every listener in the engine's process is on loopback
+        assert any(p == port for _, p in listeners(os.getpid()))
+        assert off_loopback(os.getpid()) == []
         generate(llm, a)
         generate(llm, a)
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()

@@ -218,6 +218,44 @@ def test_a_server_that_misses_a_deadline_costs_the_engine_no_further_call(tmp_pa
             srv.stop()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_server_that_exits_under_a_call_costs_that_call_no_deadline(tmp_path, monkeypatch, sig):
+    """The server goes away while a lookup waits for its reply (the server
+    is busy with it: an injected 4 s delay; SIGKILL, or SIGTERM, whose clean
+    close flushes the caches after it closed the clients' socket): the call
+    is a miss as soon as the connection closes, not after its 30 s
+    deadline, and the breaker is open -- the next step's calls go nowhere.
+    (Under SIGTERM the server may still send that reply before it closes:
+    then the next call is the one that finds it gone.)"""
+    import threading
+    import time
+
+    monkeypatch.setenv("SARIA_SERVE_TEST_DELAY", "lookup:4:1")
+    srv = Server(tmp_path, "--min-slot", "512").start()
+    cache = ServerCache(parse_config({"server": srv.address, "server_timeout_s": 30}), GEO,
+                        vllm_config())
+    try:
+        keys = other_chain(4)
+        spec = cache.prepare_store(keys)
+        assert cache.complete_store(spec) == 4
+        threading.Timer(0.5, srv.proc.send_signal, (sig,)).start()
+        t = time.monotonic()
+        found = [cache.lookup(keys).num_blocks]
+        if sig == signal.SIGTERM and found == [4]:
+            found.append(cache.lookup(keys).num_blocks)  # it answered before its close
+        assert found[-1] == 0                              # then a miss: recompute
+        took = time.monotonic() - t
+        assert took < 15, f"the lookup waited {took:.1f} s: its 30 s deadline, not the close"
+        assert cache.client.breaker.is_open and cache.failures == 1
+        assert cache.prepare_store(other_chain(8)).num_blocks == 0
+        assert cache.client.breaker.skipped >= 1
+    finally:
+        cache.close()
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+        srv.proc.wait()
+
+
 def test_a_worker_fails_the_copies_of_a_session_the_server_fenced(tmp_path):
     """The server ended the engine's session (its lease ran out) and fenced
     it between the step's metadata and the worker's copies: the worker runs

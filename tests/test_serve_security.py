@@ -474,8 +474,126 @@ def test_staging_is_shared_out(tmp_path):
         assert got.size == total // 2
         with pytest.raises(P.RemoteError, match="max-staging-share"):
             a.take_staging(1)
-        assert b.take_staging(10**9).size == total - total // 2
+        # a second session of the same process shares its process's share...
+        with pytest.raises(P.RemoteError, match="client process holds .*max-staging-share"):
+            b.take_staging(1)
+        # ...and another process gets the rest
+        assert _take_staging_elsewhere(s.address) == total - total // 2
         a.close(), b.close()
+    finally:
+        assert s.stop() == 0
+
+
+def _take_staging_elsewhere(address: str) -> int:
+    """How many staging slots a client in another process gets."""
+    code = textwrap.dedent(f"""
+        import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from test_serve import LAYOUT
+        from saria.serve.client import RemoteCache
+        c = RemoteCache({address!r}, LAYOUT, heartbeat=False)
+        print("GOT", c.take_staging(10**9).size, flush=True)
+        c.close()""")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return int(out.stdout.split("GOT")[1])
+
+
+# ------------------------------------------- one greedy client locks nobody out
+
+
+def greedy(address: str, stop_file, seconds: float = 3.0, conns: int = 1,
+           *curve: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__),
+                                                          "greedy_child.py"),
+                             address, json.dumps(LAYOUT), str(seconds), str(conns),
+                             str(stop_file), *curve], stdout=subprocess.PIPE, text=True)
+
+
+def greedy_result(proc: subprocess.Popen) -> dict:
+    line = proc.stdout.readline()
+    assert line.startswith("GREEDY "), line
+    return json.loads(line[len("GREEDY "):])
+
+
+def sessions_of(snapshot: dict, prefix: str) -> list[int]:
+    return [n for e, n in snapshot["sessions_by_engine"].items() if e.startswith(prefix)]
+
+
+def test_one_greedy_client_cannot_lock_the_next_engine_out(tmp_path):
+    """Issue 41: one client of the node's own uid said hello 20,000 times,
+    held 50 sessions (the cap) and the next engine's hello was refused.
+    Now five greedy processes of this uid, hammering hellos and pinging what
+    they got, hold at most --max-sessions-per-process each, fill the
+    per-peer cap between them -- and an engine of the same uid still gets
+    its hello (an idle session of the biggest holder is ended for it), stores,
+    and a second engine gets its hits, byte for byte."""
+    s = Server(tmp_path, "--max-sessions-per-peer", "32", "--max-sessions-per-process", "8",
+               "--lease", "30").start()
+    stop_file = tmp_path / "stop-greedy"
+    hogs = [greedy(s.address, stop_file) for _ in range(5)]
+    try:
+        got = [greedy_result(h) for h in hogs]
+        for g in got:
+            assert set(g["refused"]) <= {"quota"}, g  # refused by a cap, never broken
+        assert sum(g["hellos"] for g in got) > 1000
+        before = server_stats(s.address)
+        assert before["sessions"] == 32  # the per-peer cap, full of greedy sessions
+        # each at most its process's cap, however many hellos it sent
+        assert max(sessions_of(before, "greedy-")) <= 8
+        time.sleep(2.5)  # the greedy sessions have done nothing but ping: idle
+        writer = RemoteCache(s.address, LAYOUT, heartbeat=False)
+        keys = chain(7, 12)
+        assert store(writer, keys) == 12
+        reader = RemoteCache(s.address, LAYOUT, heartbeat=False)  # the second engine
+        assert reader.lookup(keys).num_blocks == 12
+        load = reader.prepare_load(keys, 12)
+        assert np.array_equal(np.asarray(pool_of(reader)[load.slots]),
+                              fill(keys, np.arange(12)))
+        assert reader.complete_load(load) == 12
+        after = server_stats(s.address)
+        # one idle greedy session ended for each engine's hello, nothing else
+        assert after["sessions_reaped"] - before["sessions_reaped"] == 2
+        assert after["sessions"] == 32
+        assert max(sessions_of(after, "greedy-")) <= 8
+        # the hogs, hammering on, took nothing back from the engines
+        assert reader.lookup(keys).num_blocks == 12 and writer.lookup(keys).num_blocks == 12
+        writer.close(), reader.close()
+    finally:
+        stop_file.touch()
+        for h in hogs:
+            h.wait(timeout=30)
+        assert s.stop() == 0
+
+
+def test_a_session_at_work_is_never_ended_for_a_hello(tmp_path):
+    """The room a hello makes is an idle session of a bigger holder, never
+    one at work: with the global cap full of sessions that just worked, the
+    next hello is refused, naming the flag."""
+    s = Server(tmp_path, "--max-sessions", "3", "--lease", "30").start()
+    try:
+        busy = [RemoteCache(s.address, LAYOUT, heartbeat=False) for _ in range(3)]
+        sids = [c.session for c in busy]
+        time.sleep(2.5)
+        for c in busy:
+            c.lookup(chain(1, 2))  # at work again
+        code = textwrap.dedent(f"""
+            import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})
+            from test_serve import LAYOUT
+            from saria.serve import protocol as P
+            from saria.serve.client import RemoteCache
+            try:
+                RemoteCache({s.address!r}, LAYOUT, heartbeat=False)
+            except P.RemoteError as e:
+                print("REFUSED", e, flush=True)""")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60)
+        assert "REFUSED" in out.stdout and "--max-sessions" in out.stdout, out.stdout + out.stderr
+        assert server_stats(s.address)["sessions_reaped"] == 0
+        for c in busy:
+            c.lookup(chain(1, 2))
+        assert [c.session for c in busy] == sids  # every session still its own, no hello again
+        for c in busy:
+            c.close()
     finally:
         assert s.stop() == 0
 

@@ -102,13 +102,16 @@ def _security_flags(p) -> None:
     for flag, key, what in (
             ("--max-frame", "max_frame", "bytes of one request"),
             ("--max-sessions", "sessions", "open sessions in all"),
-            ("--max-sessions-per-peer", "sessions_per_peer", "open sessions of one peer"),
+            ("--max-sessions-per-peer", "sessions_per_peer", "open sessions of one peer (uid "
+             "or client key)"),
+            ("--max-sessions-per-process", "sessions_per_process", "open sessions of one client "
+             "process"),
             ("--max-specs", "specs_per_session", "loads and stores one session holds"),
             ("--max-lock-age", "spec_age_s", "seconds a held load or store lives; heartbeats "
              "do not extend it"),
             ("--max-staging-share", "staging_per_session", "the share of staging slots one "
-             "session may hold"),
-            ("--max-hello-rate", "hellos_per_s", "hellos per second from one peer"),
+             "session, or one process over its sessions, may hold"),
+            ("--max-hello-rate", "hellos_per_s", "hellos per second from one client process"),
             ("--min-slot", "min_slot_bytes", "a layout's smallest block, bytes"),
             ("--max-slot", "max_slot_bytes", "a layout's largest block, bytes"),
             ("--max-slots", "max_slots", "DRAM slots one namespace may have"),

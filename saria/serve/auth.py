@@ -308,6 +308,22 @@ class Gate:
         self._sock.close(0)
 
 
+def process_of(frame: zmq.Frame, ident: bytes) -> str:
+    """The client process a request came from, for the per-process quotas:
+    over ipc:// the pid the kernel gives libzmq (``SO_PEERCRED``, appended
+    to the peer's address), which a client cannot forge; over tcp://, where
+    no pid travels, the connection (a client that reconnects for every hello
+    is bounded by its key's session cap, not by the per-process ones)."""
+    try:
+        address = frame.get("Peer-Address") or ""
+    except zmq.ZMQError:
+        address = ""
+    parts = address.rsplit(":", 3)
+    if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
+        return f"pid:{parts[3]}"
+    return f"conn:{ident.hex()}"
+
+
 def _ipc_uid(address: str) -> int | None:
     """The uid libzmq appends to an IPC peer's address (``...:UID:GID:PID``,
     from ``SO_PEERCRED``), or None when it is missing (then: refused)."""

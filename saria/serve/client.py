@@ -11,7 +11,9 @@ it raises ``ServerUnavailable``; the engine treats it as a miss and
 recomputes. That miss also opens the client's breaker (``saria.serve.breaker``):
 every later call fails at once, without a message, until a probe (from the
 heartbeat thread, backing off from 0.25 s to 2 s) gets a reply -- a server
-that is down costs an engine one deadline, not one per call. Sockets are
+that is down costs an engine one deadline, not one per call, and a server
+that exits costs none: a call whose connection closes fails at once
+(``saria.serve.link``). Sockets are
 ``ZMQ_IMMEDIATE``: a send to a server that is not connected fails at once
 instead of queueing.
 
@@ -52,6 +54,7 @@ from saria.errors import SariaError
 from saria.serve import protocol as P
 from saria.serve.auth import ClientSecurity
 from saria.serve.breaker import Breaker
+from saria.serve.link import REPLY, TIMEOUT, Link
 
 
 class ServerUnavailable(SariaError, TimeoutError):
@@ -116,7 +119,7 @@ class RemoteCache:
         self.identity = {"name": name, "dp_rank": dp_rank, "tp_rank": tp_rank, "pid": os.getpid()}
         self.timeout_s = float(timeout_s)
         self._ctx = zmq.Context()
-        self._sock = self._connect()
+        self._link: Link | None = Link(self._connect())  # the calls' socket, watched
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self.session: str | None = None
@@ -252,8 +255,8 @@ class RemoteCache:
                 self._call("bye", {}, renew=False, timeout_s=0.5)
         except (ServerUnavailable, P.RemoteError):
             pass
-        if self._sock is not None:
-            self._sock.close(0)
+        if self._link is not None:
+            self._link.close()
         self._ctx.term()
 
     # ------------------------------------------------------------ helpers
@@ -346,24 +349,28 @@ class RemoteCache:
     def _raw(self, op: str, session: str | None, args: dict, timeout_s: float):
         rid = next(self._ids)
         deadline = time.monotonic() + timeout_s
-        if self._sock is None:  # the last reconnect was refused (the socket's folder gone)
+        if self._link is None:  # the last reconnect was refused (the socket's folder gone)
             try:
-                self._sock = self._connect()
+                self._link = Link(self._connect())
             except SariaError as e:
                 raise ServerUnavailable(f"saria server at {self.address}: {e}; {op} not sent") \
                     from None
-        _send(self._sock, P.pack({"v": P.VERSION, "id": rid, "op": op, "session": session,
-                                  "args": args}), min(timeout_s, CONNECT_GRACE_S),
+        link = self._link
+        link.forget()
+        _send(link.sock, P.pack({"v": P.VERSION, "id": rid, "op": op, "session": session,
+                                 "args": args}), min(timeout_s, CONNECT_GRACE_S),
               f"saria server at {self.address}: not connected; {op} not sent")
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._sock.poll(int(left * 1000) + 1):
+            got = link.wait(deadline)
+            if got != REPLY:
                 # a late reply to this id would confuse the next call: start afresh
-                self._sock.close(0)
-                self._sock = None  # connected afresh (and checked again) by the next call
-                raise ServerUnavailable(f"saria server at {self.address}: no reply to {op} "
-                                        f"within {timeout_s:g} s")
-            reply = P.unpack(self._sock.recv())
+                link.close()
+                self._link = None  # connected afresh (and checked again) by the next call
+                raise ServerUnavailable(
+                    f"saria server at {self.address}: " + (
+                        f"no reply to {op} within {timeout_s:g} s" if got == TIMEOUT else
+                        f"the connection closed before {op} was answered (server gone)"))
+            reply = P.unpack(link.sock.recv())
             if reply.get("id") != rid:
                 continue  # a reply to a call that timed out before
             boot = reply.get("boot")

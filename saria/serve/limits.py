@@ -8,10 +8,15 @@ names the limit and the flag that sets it.
 * ``check_layout``: a hello's layout, type by type and within the bounds of
   slot size and slot count, BEFORE a namespace is opened -- a layout that
   fails registers nothing (all or nothing).
-* ``Limits``: sessions in all and per peer, specs (locks) per session and
-  their maximum age (a heartbeat does not extend it), staging slots per
-  session, hellos per second; a namespace closes when no session has used it
-  for a while.
+* ``Limits``: sessions in all, per peer (uid or client key) and per client
+  process, specs (locks) per session and their maximum age (a heartbeat does
+  not extend it), staging slots per session and per process, hellos per
+  second per process; a namespace closes when no session has used it for a
+  while. A peer's engines share its uid, so every per-peer cap one process
+  could fill alone is also kept per process, and a cap that is full gives
+  way to a hello by ending the idle sessions of the process that holds the
+  most (``CacheServer._make_room``): one greedy client cannot lock the next
+  engine out.
 
 Invariant: a check either passes and changes nothing, or raises a
 ``QuotaError`` / ``ProtocolError``; no check has a side effect on refusal.
@@ -46,17 +51,19 @@ class Limits:
     max_frame: int = 8 << 20           # --max-frame: bytes of one request
     sessions: int = 256                # --max-sessions: open sessions in all
     sessions_per_peer: int = 64        # --max-sessions-per-peer: per uid / client key
+    sessions_per_process: int = 16     # --max-sessions-per-process: per client process
     specs_per_session: int = 4096      # --max-specs: loads + stores held by one session
     spec_age_s: float = 120.0          # --max-lock-age: a held spec is ended after this
     staging_per_session: float = 0.5   # --max-staging-share: of the namespace's staging slots
-    hellos_per_s: float = 50.0         # --max-hello-rate: per peer, over the last second
+    hellos_per_s: float = 50.0         # --max-hello-rate: per process, over the last second
     min_slot_bytes: int = 4096         # --min-slot: a layout's smallest block
     max_slot_bytes: int = 256 << 20    # --max-slot: a layout's largest block
     max_slots: int = 4 << 20           # --max-slots: slots one namespace's pool may have
     namespace_idle_s: float = 600.0    # --namespace-idle: a namespace no session used closes
 
     def __post_init__(self) -> None:
-        for name in ("max_frame", "sessions", "sessions_per_peer", "specs_per_session",
+        for name in ("max_frame", "sessions", "sessions_per_peer", "sessions_per_process",
+                     "specs_per_session",
                      "min_slot_bytes", "max_slot_bytes", "max_slots"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -103,7 +110,9 @@ def check_layout(layout: dict, limits: Limits, dram_share: int) -> None:
 
 
 class HelloRate:
-    """Hellos per peer over the last second (a sliding window)."""
+    """Hellos per process over the last second (a sliding window): per
+    process, not per uid, or one process's flood would refuse every other
+    engine of its uid."""
 
     def __init__(self, per_s: float) -> None:
         self.per_s = per_s

@@ -22,6 +22,7 @@ class ServerMetrics:
     def __init__(self, server) -> None:
         self.server = server
         self.expired = 0
+        self.reaped = 0  # idle sessions ended for a hello at a full cap
         self.engines: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.rpcs: dict[str, list[int]] = defaultdict(lambda: [0] * (len(BUCKETS) + 1))
         self.rpc_sum: dict[str, float] = defaultdict(float)
@@ -63,7 +64,7 @@ class ServerMetrics:
             mine = f"{tenant}/"
             return {"boot": srv.boot, "address": srv.address, "tenant": tenant,
                     "sessions": sum(s.engine.startswith(mine) for s in srv.sessions.values()),
-                    "leases_expired": 0, "rpc_errors": 0,
+                    "leases_expired": 0, "sessions_reaped": 0, "rpc_errors": 0,
                     "engines": {k: dict(v) for k, v in self.engines.items()
                                 if k.startswith(mine)},
                     "sessions_by_engine": dict(Counter(s.engine for s in srv.sessions.values()
@@ -72,7 +73,8 @@ class ServerMetrics:
         return {
             "boot": srv.boot, "address": srv.address, "sessions": len(srv.sessions),
             "sessions_fencing": len(srv.fencing),
-            "leases_expired": self.expired, "rpc_errors": self.errors,
+            "leases_expired": self.expired, "sessions_reaped": self.reaped,
+            "rpc_errors": self.errors,
             "engines": {k: dict(v) for k, v in self.engines.items()},
             "sessions_by_engine": dict(Counter(s.engine for s in srv.sessions.values())),
             "namespaces": {ns: {k: float(v) for k, v in c.gauges().items()}
@@ -122,6 +124,10 @@ class _Collector:
         yield g
         c = CounterMetricFamily("saria_serve_leases_expired", "sessions ended by lease expiry")
         c.add_metric([], snap["leases_expired"])
+        yield c
+        c = CounterMetricFamily("saria_serve_sessions_reaped",
+                                "idle sessions ended for a hello at a full session cap")
+        c.add_metric([], snap["sessions_reaped"])
         yield c
         yield _by_two(CounterMetricFamily("saria_serve_engine", "per-engine blocks and bytes",
                                           labels=["engine", "figure"]), snap["engines"])

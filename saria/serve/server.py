@@ -145,6 +145,7 @@ class Session:
     pid: int
     expires: float
     peer: str = ""     # who said hello (auth.Gate's name for it)
+    proc: str = ""     # the client process it came from (auth.process_of)
     tenant: str = ""   # its tenant (tenants.DEFAULT: the node's own)
     space: bytes | None = None  # its tenant's key space
     held: dict[int, float] = field(default_factory=dict)  # spec id -> when prepared
@@ -154,6 +155,7 @@ class Session:
     takes: dict[int, set[int]] = field(default_factory=dict)  # take_staging id -> slots
     ids: SpecIds = field(default_factory=SpecIds)
     fence: str = ""  # its workers' fence file (saria.serve.fence)
+    worked: float = 0.0  # when it last called anything but ping / stats (monotonic)
 
 
 class CacheServer:
@@ -242,7 +244,7 @@ class CacheServer:
         try:
             while not self._stop.is_set():
                 if poller.poll(timeout=100):
-                    while True:
+                    while not self._stop.is_set():  # a busy socket must not hold off a stop
                         try:
                             frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
                         except zmq.Again:
@@ -267,6 +269,10 @@ class CacheServer:
             log.exception("saria serve: %s failed (the server goes on)", fn.__name__)
 
     def close(self) -> None:
+        # The clients' socket first: their calls fail at once on the closed
+        # connection (saria.serve.link) instead of waiting out their deadline
+        # while the caches flush.
+        self.sock.close(0)
         for ns, cache in self.caches.items():
             try:
                 cache.flush()
@@ -288,7 +294,6 @@ class CacheServer:
         if self.publisher is not None:
             self.publisher.close()
         self.metrics.close()
-        self.sock.close(0)
         self.gate.close()
         self.ctx.term()
 
@@ -309,11 +314,12 @@ class CacheServer:
             return  # not a DEALER's message: nothing to answer
         ident, frame = frames[0].bytes, frames[-1]
         peer = frame.get("User-Id") or ""  # the gate's name for the peer
+        proc = auth.process_of(frame, ident)
         t0 = time.perf_counter()
         op, rid = "?", 0
         try:
             rid, op, sid, args = P.request(frame.bytes, self.cfg.limits.max_frame)
-            reply = {"id": rid, "ok": True, "result": self._call(op, sid, args, peer)}
+            reply = {"id": rid, "ok": True, "result": self._call(op, sid, args, peer, proc)}
         except P.RemoteError as e:
             reply = {"id": getattr(e, "rid", rid), "ok": False, "code": e.code,
                      "error": e.detail}
@@ -369,14 +375,14 @@ class CacheServer:
             raise
         return out
 
-    def _call(self, op: str, sid: str | None, args: dict, peer: str = ""):
+    def _call(self, op: str, sid: str | None, args: dict, peer: str = "", proc: str = ""):
         if op == "batch":
             return self._batch(sid, args, peer)
         fn = self._ops.get(op)
         if fn is None:
             raise P.ProtocolError(f"unknown op {op!r}")
         if op == "hello":
-            return fn(args, peer)
+            return fn(args, peer, proc)
         if op == "stats" and sid is None:
             return fn(None, args, peer)
         if sid is None:
@@ -384,19 +390,22 @@ class CacheServer:
         s = self.sessions.get(sid)
         if s is None or s.peer != peer:  # a session is its peer's alone
             raise P.RemoteError("session", "unknown or expired session: say hello again")
-        s.expires = time.monotonic() + self.cfg.lease_s
+        now = time.monotonic()
+        s.expires = now + self.cfg.lease_s
+        if op not in ("ping", "stats"):
+            s.worked = now
         return fn(s, args)
 
     # ---------------------------------------------------------- sessions
 
-    def _hello(self, args: dict, peer: str = ""):
-        self.hellos.check(peer or "?")  # every hello counts, good or bad
+    def _hello(self, args: dict, peer: str = "", proc: str = ""):
+        self.hellos.check(proc or peer or "?")  # every hello counts, good or bad
         layout = P.arg(args, "layout", dict)
         # every check before anything is registered: a refused hello changes nothing
         check_layout(layout, self.cfg.limits, self.cfg.dram_bytes // self.cfg.max_models)
         engine = P.arg(args, "name", str, "engine")
         pid = P.arg(args, "pid", int, 0)
-        self._check_sessions(peer)
+        self._check_sessions(peer, proc)
         slot_bytes = layout["slot_bytes"]
         ns = namespace_of(layout)
         cache = self.caches.get(ns) or self._open(ns, slot_bytes, layout)
@@ -404,8 +413,9 @@ class CacheServer:
         tenant = self.tenants.tenant_of(peer)
         if tenant:
             engine = f"{tenant}/{engine}"  # figures are kept, and shown, per tenant
-        s = Session(sid, ns, engine, pid, time.monotonic() + self.cfg.lease_s, peer=peer,
-                    tenant=tenant, space=self.tenants.space(tenant))
+        now = time.monotonic()
+        s = Session(sid, ns, engine, pid, now + self.cfg.lease_s, peer=peer, proc=proc,
+                    tenant=tenant, space=self.tenants.space(tenant), worked=now)
         s.fence = F.create(f"{self.pools[ns]}-fence-{sid}")
         self.sessions[sid] = s
         log.info("saria serve: session %s for %s (pid %d, DP %s, TP %s) in namespace %s",
@@ -417,15 +427,48 @@ class CacheServer:
                 "fence": s.fence,
                 "ssd_dirs": list(self._store_dirs(ns))}
 
-    def _check_sessions(self, peer: str) -> None:
+    def _check_sessions(self, peer: str, proc: str) -> None:
+        """Refuses a hello over a session cap, after making room where a cap
+        is full of other processes' idle sessions (``_make_room``). A process
+        at its own cap is refused: nothing of another's is taken for it."""
         lim = self.cfg.limits
-        if lim.sessions and len(self.sessions) >= lim.sessions:
-            raise QuotaError(f"this server holds at most {lim.sessions} sessions "
-                             "(--max-sessions)")
-        mine = sum(s.peer == peer for s in self.sessions.values())
-        if lim.sessions_per_peer and mine >= lim.sessions_per_peer:
-            raise QuotaError(f"{peer or 'this peer'} holds {mine} sessions, the most one peer "
-                             "may (--max-sessions-per-peer)")
+        mine = sum(s.proc == proc for s in self.sessions.values())
+        if lim.sessions_per_process and mine >= lim.sessions_per_process:
+            raise QuotaError(f"this client process ({proc}) holds {mine} sessions, the most one "
+                             "process may (--max-sessions-per-process)")
+        if lim.sessions_per_peer:
+            ours = [s for s in self.sessions.values() if s.peer == peer]
+            if len(ours) >= lim.sessions_per_peer and not self._make_room(ours, proc):
+                raise QuotaError(f"{peer or 'this peer'} holds {len(ours)} sessions, the most "
+                                 "one peer may (--max-sessions-per-peer), none of them idle")
+        if lim.sessions:
+            every = list(self.sessions.values())
+            if len(every) >= lim.sessions and not self._make_room(every, proc):
+                raise QuotaError(f"this server holds at most {lim.sessions} sessions "
+                                 "(--max-sessions), none of them idle")
+
+    def _make_room(self, full: list[Session], proc: str) -> bool:
+        """Ends one idle session of `full` (a full cap) for a hello from
+        `proc`: of the process holding the most, and only if it holds more
+        than `proc` does, its longest idle. Idle: nothing held (no spec, no
+        staging slot) and no call but ping / stats for ``REAP_IDLE_S``. Its
+        client, if it is still there, says hello again on its next call
+        (``RemoteCache``), like after a lease that ran out."""
+        now = time.monotonic()
+        count: dict[str, int] = {}
+        for s in full:
+            count[s.proc] = count.get(s.proc, 0) + 1
+        idle = [s for s in full if now - s.worked >= REAP_IDLE_S and not s.held
+                and not s.staging and count[s.proc] > count.get(proc, 0) + 1]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda s: (-count[s.proc], s.worked))
+        log.warning("saria serve: ended idle session %s (%s, %s, %d sessions) to let %s say "
+                    "hello at a full session cap", victim.sid[:8], victim.engine, victim.proc,
+                    count[victim.proc], proc)
+        self.metrics.reaped += 1
+        self._end(victim)
+        return True
 
     def _store_dirs(self, ns: str) -> tuple[str, ...]:
         if not (self.cfg.ssd_dirs and self.cfg.ssd_bytes):
@@ -603,12 +646,20 @@ class CacheServer:
         return map_keys(s.space, P.keys_arg(args, name))
 
     def _room_for_spec(self, s: Session) -> None:
-        """Refuses a prepare before it locks anything when the session holds
-        its most specs (--max-specs)."""
+        """Refuses a prepare before it locks anything when the session, or
+        its process over all its sessions, holds its most specs (--max-specs)."""
         lim = self.cfg.limits.specs_per_session
         if lim and len(s.held) >= lim:
             raise QuotaError(f"this session holds {len(s.held)} loads and stores, the most one "
                              "may (--max-specs)")
+        ours = sum(len(x.held) for x in self._of_process(s))
+        if lim and ours >= lim:
+            raise QuotaError(f"this client process ({s.proc}) holds {ours} loads and stores "
+                             "over its sessions, the most one may (--max-specs)")
+
+    def _of_process(self, s: Session) -> list[Session]:
+        """The open sessions of `s`'s client process, `s` among them."""
+        return [x for x in self.sessions.values() if x.proc == s.proc]
 
     @staticmethod
     def _hold(s: Session, table: dict, spec, sid: int) -> int:
@@ -771,10 +822,11 @@ class CacheServer:
         # up to `count`, as in-process -- but never more than the session's share
         share = max(1, int(self.cfg.limits.staging_per_session
                            * self._cache(s).backend.staging_slots))
-        if count and len(s.staging) >= share:
-            raise QuotaError(f"take_staging: this session holds {len(s.staging)} staging slots, "
+        ours = sum(len(x.staging) for x in self._of_process(s))  # a process's sessions share it
+        if count and ours >= share:
+            raise QuotaError(f"take_staging: this client process holds {ours} staging slots, "
                              "its whole share (--max-staging-share)")
-        count = min(count, share - len(s.staging))
+        count = min(count, share - ours)
         rid = self._claim(s, args) if "rid" in args else None
         slots = self._cache(s).take_staging(count)
         s.staging.update(int(x) for x in slots)
@@ -823,6 +875,10 @@ class CacheServer:
 
 
 POOL_DIR = "/dev/shm"
+#: a session that held nothing and called nothing but ping / stats for this
+#: long may be ended to let another process say hello at a full session cap;
+#: an engine between its hello and its first lookup is not idle yet
+REAP_IDLE_S = 2.0
 
 
 def _digest(layout: dict) -> int:
