@@ -106,3 +106,30 @@ def test_the_documented_openai_server_shows_saria_hits(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def test_a_misspelt_setting_stops_the_documented_server_in_one_line(tmp_path):
+    """Issue 43: a misspelt key in kv_connector_extra_config printed five
+    tracebacks (each worker twice, the engine core twice, the front end).
+    Now the engine stops on one saria line naming the key, logged once; the
+    front end's own "see root cause above" is the only traceback, and no
+    traceback runs through saria."""
+    engine_env()
+    model = make_llama(str(tmp_path / "llama"), vocab=len(WORDS) + 3)
+    make_tokenizer(model)
+    argv = docs_command()
+    argv[0] = sys.executable
+    argv[argv.index("--model") + 1] = model
+    argv[argv.index("--port") + 1] = str(_free_port())
+    i = argv.index("--kv-transfer-config")
+    kv = json.loads(argv[i + 1])
+    kv["kv_connector_extra_config"]["dram_bytez"] = "4GB"
+    argv[i + 1] = json.dumps(kv)
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    text = out.stdout + out.stderr
+    assert out.returncode != 0, text[-3000:]
+    ours = [ln for ln in text.splitlines() if "saria: bad setting" in ln]
+    assert len(ours) == 1, text[-5000:]
+    assert "dram_bytez" in ours[0] and "did you mean 'dram_bytes'" in ours[0]
+    assert text.count("Traceback") <= 1, text[-5000:]
+    assert not re.search(r'File ".*/saria/', text), text[-5000:]

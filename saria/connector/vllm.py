@@ -33,6 +33,7 @@ from saria.connector.config import check_fits, parse_config
 from saria.connector.layout import geometry
 from saria.connector.meta import SariaMetadata
 from saria.connector.stats import SariaKVConnectorStats, SariaPromMetrics
+from saria.errors import ConfigError
 
 log = logging.getLogger("saria.connector")
 
@@ -46,19 +47,33 @@ class SariaConnector(KVConnectorBase_V1, SupportsHMA):
         super().__init__(vllm_config, role, kv_cache_config)
         if kv_cache_config is None:
             raise RuntimeError("SariaConnector needs vLLM's kv_cache_config (vLLM >= 0.32)")
-        self.cfg = parse_config(self._kv_transfer_config.kv_connector_extra_config)
+        self._scheduler = self._worker = None
+        self._refused: str | None = None  # a worker's settings error, left to the scheduler
+        rank = _tp_rank() if role == KVConnectorRole.WORKER else 0
+        geo = geometry(vllm_config, kv_cache_config, rank=rank)
+        try:
+            self.cfg = parse_config(self._kv_transfer_config.kv_connector_extra_config)
+            check_fits(self.cfg, geo.slot_bytes, geo.block_size)
+        except ConfigError as e:
+            if role == KVConnectorRole.WORKER:
+                # Both checks are functions of the settings and the block size, which the
+                # scheduler's instance sees alike: it refuses them, once, after the
+                # workers start. A worker that raised too would add vLLM's tracebacks of
+                # every rank (issue 43: five for one misspelt key).
+                self._refused = str(e)
+                return
+            _refuse(e)
         if self._kv_transfer_config.kv_load_failure_policy != "recompute":
             log.warning("saria: kv_load_failure_policy is %r; set 'recompute' so that a failed "
                         "page copy is recomputed instead of failing the request",
                         self._kv_transfer_config.kv_load_failure_policy)
-        self._scheduler = self._worker = None
-        rank = _tp_rank() if role == KVConnectorRole.WORKER else 0
-        geo = geometry(vllm_config, kv_cache_config, rank=rank)
-        check_fits(self.cfg, geo.slot_bytes, geo.block_size)
         if role == KVConnectorRole.SCHEDULER:
             from saria.connector.scheduler import SariaScheduler
 
-            self._scheduler = SariaScheduler(self.cfg, vllm_config, geo, kv_cache_config)
+            try:
+                self._scheduler = SariaScheduler(self.cfg, vllm_config, geo, kv_cache_config)
+            except ConfigError as e:
+                _refuse(e)
             if self.cfg.metrics_port is not None:
                 from saria.connector.stats import serve_prometheus
 
@@ -103,9 +118,12 @@ class SariaConnector(KVConnectorBase_V1, SupportsHMA):
     # --------------------------------------------------------------- worker
 
     def register_kv_caches(self, kv_caches) -> None:
-        self._worker.register_kv_caches(kv_caches)
+        if self._refused is None:  # refused: the scheduler stops the engine next
+            self._worker.register_kv_caches(kv_caches)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
+        if self._refused is not None:  # never reached: no step runs without a scheduler
+            raise RuntimeError(f"saria: the connector's settings were refused: {self._refused}")
         self._worker.start_load_kv(self._meta())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -154,6 +172,19 @@ class SariaConnector(KVConnectorBase_V1, SupportsHMA):
         meta = self._get_connector_metadata()
         assert isinstance(meta, SariaMetadata), type(meta)
         return meta
+
+
+def _refuse(e: ConfigError) -> None:
+    """Stops the engine on a bad setting: in vLLM's engine process, one line
+    in vLLM's log and a plain exit (vLLM's front end then says the engine
+    failed, "see root cause above": that line); in the caller's own process
+    (``LLM`` without multiprocessing), the error itself."""
+    import multiprocessing
+
+    if multiprocessing.parent_process() is None:
+        raise e
+    log.error("saria: bad setting in kv_connector_extra_config: %s", e)
+    raise SystemExit(2) from None
 
 
 def _tp_rank() -> int:
