@@ -37,11 +37,6 @@ KNOWN: dict[tuple[str, int], str] = {
     # (fixed in the merge: a server session held every store spec of zero
     # blocks, which the connector never completes -- server-up seeds 1, 2, 4, 5
     # and server seed 1 found it; seed 5 shrank to two fault-free arrivals)
-    # lost replies (srv_drop) leave one store spec held by a server session
-    # after quiescence: not diagnosed yet (seed 4 shrinks to 9 events)
-    ("server-up", 4): "server store spec held after lost replies (not diagnosed yet)",
-    # a cluster get past its deadline that lands later: its DRAM slots stay used
-    ("cluster", 83): "a late cluster get leaks its DRAM slots (not diagnosed yet)",
 }
 
 
@@ -105,6 +100,36 @@ DIRECT_EVENTS = [
 
 def test_a_preempted_requests_pending_direct_writes_are_dropped():
     assert _run_events(DIRECT_EVENTS) is None
+
+
+# e1's prepare_store reply lost (a cancel owed), then its breaker's first probe
+# reply lost too: it pays at its next probe, 0.5 s later -- the check must
+# wait for it (the server holds the spec rightly until then)
+LOST_PROBE_EVENTS = [
+    ("arrive", 1, tuple(range(13)) + tuple(range(903000, 903004)), 5),
+    ("arrive", 2, tuple(range(12)) + tuple(range(901000, 901003)), 6),
+    ("arrive", 1, tuple(range(100000, 100007)) + tuple(range(900000, 900003)), 1),
+    ("step", 1), ("srv_drop", 1), ("srv_drop", 1), ("step", 1), ("srv_drop", 2), ("step", 2),
+]
+
+
+def test_a_cancel_owed_after_a_lost_probe_is_paid_before_the_leak_check():
+    assert _run_events(LOST_PROBE_EVENTS, scenario="server-up") is None
+
+
+# a cluster get past its deadline (e1 fetches what e0 published): the core
+# frees its slots at once, and they went back to the pool only at the backend's
+# next DRAM call after the get landed -- none came, so they stayed used
+LATE_GET_EVENTS = [
+    ("arrive", 0, tuple(range(23)) + tuple(range(903000, 903006)), 4), ("step", 0),
+    ("arrive", 0, tuple(range(12)) + tuple(range(903000, 903010)), 5),
+    ("cl_late", 0), ("step", 0), ("publish", 0),
+    ("arrive", 1, tuple(range(13)) + tuple(range(902000, 902010)), 5), ("step", 1), ("step", 1),
+]
+
+
+def test_a_late_cluster_get_gives_its_slots_back_when_it_lands():
+    assert _run_events(LATE_GET_EVENTS, scenario="cluster") is None
 
 
 def _run_events(events, scenario="local"):

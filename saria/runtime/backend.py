@@ -39,7 +39,6 @@ for tests that choose when each write lands). It decides nothing.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import logging
 import queue
@@ -191,8 +190,6 @@ class TierBackend(Backend):
 
     def free_units(self, tier: Tier) -> int:
         if tier == DRAM:  # the unused write-behind slots are not the cache's
-            if self._settled:
-                self._settle_fetches()
             return self.pool.free_slots - (self.write_behind - self._retained)
         if tier == SSD and self.ssd is not None:
             return self.ssd.free_slots - self._pending_units
@@ -207,12 +204,8 @@ class TierBackend(Backend):
         if len(slots) == 0:
             return
         if tier == DRAM:
-            if self._fetching:  # a late get may still write these: back to the pool when it ends
-                self._settle_fetches()
-                slots = np.asarray(slots, np.int64)
-                late = np.array([int(x) in self._fetching for x in slots], bool)
-                self._free_later.update(int(x) for x in slots[late])
-                slots = slots[~late]
+            if self.remote:  # a late get may still write these: back to the pool when it ends
+                slots = self._unless_fetching(slots)
             if len(slots):
                 self.pool.free(slots)
         elif tier == SSD:
@@ -307,7 +300,11 @@ class TierBackend(Backend):
         self.remote = remote is not None
         self._fetching: dict[int, int] = {}   # DRAM slot -> gets that may still write it
         self._free_later: set[int] = set()    # freed by the core while a get was out
-        self._settled: collections.deque = collections.deque()  # from GetResult.then
+        # Guards the two above, not the cache's lock: a late get ends on the
+        # guard's thread, which must never wait for the cache's lock (its
+        # holder may be waiting for a call on that very lane). Under it, only
+        # the pool's own lock is taken.
+        self._fetch_lock = threading.Lock()
         self._publish_q: queue.Queue | None = None
         self._publisher: threading.Thread | None = None
         self._publish_inline = mode == "sync"  # as SSD writes: in the call (the real-mode replay)
@@ -352,34 +349,44 @@ class TierBackend(Backend):
         caller does not hold the cache's lock); (n,) bool: arrived whole and
         verified. A slot stays out of the pool until its get really ends."""
         slots = np.asarray(slots, np.int64)
-        with self._lock:
+        with self._fetch_lock:
             for x in slots.tolist():
                 self._fetching[x] = self._fetching.get(x, 0) + 1
         try:
             got = self.remote_tier.get(keys, self.pool.array, slots)
         except Exception:  # noqa: BLE001 -- a failed get is a miss, never an engine error
             log.exception("saria: remote get of %d blocks failed", len(slots))
-            got = None
-        if got is None:
-            self._settled.append(slots)
-            with self._lock:
-                self._settle_fetches()
+            self._fetched(slots)
             return np.zeros(len(slots), bool)
-        got.then(lambda: self._settled.append(slots))  # no lock here: it may run on the guard's thread
-        with self._lock:  # a get that ended in time gives its slots back to the core now
-            self._settle_fetches()
+        # at the get's real end, at once or on the guard's thread when a late one lands: a
+        # slot the core freed meanwhile goes back to the pool then, not at some later call
+        got.then(lambda: self._fetched(slots))
         return got.ok
 
-    def _settle_fetches(self) -> None:
-        """Slots whose gets ended: a slot the core freed meanwhile goes back now."""
-        while self._settled:
-            for x in self._settled.popleft().tolist():
+    def _fetched(self, slots: np.ndarray) -> None:
+        """A get into `slots` ended: those the core freed meanwhile go back to the pool."""
+        back = []
+        with self._fetch_lock:
+            for x in slots.tolist():
                 left = self._fetching.pop(x) - 1
                 if left:
                     self._fetching[x] = left
                 elif x in self._free_later:
                     self._free_later.discard(x)
-                    self.pool.free(np.array([x], np.int64))
+                    back.append(x)
+        if back:
+            self.pool.free(np.array(back, np.int64))
+
+    def _unless_fetching(self, slots: np.ndarray) -> np.ndarray:
+        """`slots` (freed by the core) less those a get may still write: kept
+        for ``_fetched`` to give back when the get ends."""
+        slots = np.asarray(slots, np.int64)
+        with self._fetch_lock:
+            if not self._fetching:
+                return slots
+            late = np.array([int(x) in self._fetching for x in slots], bool)
+            self._free_later.update(int(x) for x in slots[late])
+        return slots[~late]
 
     def run_publishes(self, count: int | None = None) -> int:
         """``write_mode="manual"``: carries out the `count` oldest queued puts

@@ -512,6 +512,20 @@ class World:
                                  f"{len(e.vllm.delayed_free)} frees delayed, {len(e.sched.ops)} ops)")
             if e.cache is not None:
                 e.cache.run_writes()
+        if self.node is not None:
+            self._wait_for_debts()
+
+    def _wait_for_debts(self) -> None:
+        """Each client pays what it owes (cancels of prepares whose reply was
+        lost) once a probe of its breaker gets a reply. A probe whose reply
+        was lost too backs off, up to the breaker's ``max_s``: the server
+        rightly holds those specs until the next probe, up to that long plus
+        a deadline or two after the last fault -- so quiescence waits for it
+        (bounded: debts still owed then are found by the leak check)."""
+        clients = [e.sched.cache.client for e in self.engines]
+        end = time.monotonic() + 2 * (max(c.breaker.max_s for c in clients) + SERVER_TIMEOUT)
+        while time.monotonic() < end and any(_owes(c) for c in clients):
+            time.sleep(0.05)
 
     def check_leaks(self) -> None:
         if self.node is not None:
@@ -581,6 +595,13 @@ REMOTE = {"master": "127.0.0.1:1", "metadata_server": "http://127.0.0.1:1/metada
           "breaker_failures": 3, "breaker_cooldown_s": 0.5, "segment_bytes": 0,
           "fleet_key_env": "SARIA_SIM_FLEET_KEY"}  # rows are signed (set below)
 os.environ.setdefault("SARIA_SIM_FLEET_KEY", generate(1))
+
+
+def _owes(client) -> bool:
+    """Whether `client` still owes the server a call; under its lock, so a
+    batch of debts on its way (the heartbeat pays under it) counts as owed."""
+    with client._lock:
+        return client.debts > 0
 
 
 class _fake_cluster:
