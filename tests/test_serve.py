@@ -411,3 +411,13 @@ def fuzz_server(tmp_path_factory):
 def test_arrays_cross_the_wire_unchanged(arr):
     back = P.unpack(P.pack({"a": arr}))["a"]
     assert back.dtype == arr.dtype and back.shape == arr.shape and np.array_equal(back, arr)
+
+
+def test_a_closed_client_fails_its_calls_as_misses(server):
+    """A call after ``close()`` raises ``ServerUnavailable`` (a miss to the
+    engine), not a ZMQError from a closed socket (the whole-stack
+    simulation's server seed 4 asked a closed client for gauges)."""
+    c = RemoteCache(server.address, LAYOUT, heartbeat=True)
+    c.close()
+    with pytest.raises(ServerUnavailable, match="closed"):
+        c.lookup(chain(1, 2))

@@ -119,6 +119,7 @@ class RemoteCache:
         self.identity = {"name": name, "dp_rank": dp_rank, "tp_rank": tp_rank, "pid": os.getpid()}
         self.timeout_s = float(timeout_s)
         self._ctx = zmq.Context()
+        self._closed = False
         self._link: Link | None = Link(self._connect())  # the calls' socket, watched
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -257,6 +258,8 @@ class RemoteCache:
             pass
         if self._link is not None:
             self._link.close()
+            self._link = None
+        self._closed = True  # a call after this fails as a miss, never on a closed socket
         self._ctx.term()
 
     # ------------------------------------------------------------ helpers
@@ -349,6 +352,9 @@ class RemoteCache:
     def _raw(self, op: str, session: str | None, args: dict, timeout_s: float):
         rid = next(self._ids)
         deadline = time.monotonic() + timeout_s
+        if self._closed:
+            raise ServerUnavailable(f"saria server at {self.address}: this client is closed; "
+                                    f"{op} not sent")
         if self._link is None:  # the last reconnect was refused (the socket's folder gone)
             try:
                 self._link = Link(self._connect())
