@@ -132,6 +132,23 @@ def test_a_late_cluster_get_gives_its_slots_back_when_it_lands():
     assert _run_events(LATE_GET_EVENTS, scenario="cluster") is None
 
 
+# local seed 1062 of 2000: e0 (TP 1) restarts; r4's SSD load fails, vLLM
+# rewinds it to 0 and its next chunk (17 tokens) ends inside block 4 -- which
+# then counted as written again, though 3 of its 4 tokens still held what the
+# failed load left; r4 preempted and resumed got a local hit on it
+PARTIAL_REFILL_EVENTS = [
+    ("arrive", 0, tuple(range(200000, 200021)) + tuple(range(903000, 903009)), 4),
+    ("arrive", 0, (0, 1, 2, 3, 4, 900000), 1), ("step", 0), ("step", 0), ("crash", 0),
+    ("arrive", 0, (0, 1, 2, 3, 4, 900000, 900001), 6),
+    ("arrive", 0, tuple(range(200000, 200027)) + tuple(range(900000, 900008)), 1),
+    ("ssd_read_fail", 0, 3), ("step", 0), ("step", 0), ("preempt", 0, 1),
+]
+
+
+def test_a_block_a_forward_wrote_only_in_part_is_still_unfilled():
+    assert _run_events(PARTIAL_REFILL_EVENTS) is None
+
+
 def _run_events(events, scenario="local"):
     return run(events, **SCENARIOS[scenario])
 
