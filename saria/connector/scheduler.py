@@ -302,13 +302,17 @@ class SariaScheduler:
         wm = getattr(out, "kv_connector_worker_meta", None)
         if not isinstance(wm, SariaWorkerMetadata):
             return
-        # an op ends once every rank reported it, failed or not (see ``OpTracker``)
+        # an op ends once every rank reported it, failed or not (see ``OpTracker``);
+        # a load's failed blocks are unfilled from the first rank that reports them
         for op_id, n in wm.failed.items():
+            self._load_failed(self.ops.get(op_id), None)
             op = self.ops.ack(op_id, ok=False, count=n)
             if op is not None:
                 self._complete(op, ok=op.ok)
         for op_id, n in wm.done.items():
             bad = wm.bad_ssd.get(op_id, ())
+            if bad:
+                self._load_failed(self.ops.get(op_id), bad)
             op = self.ops.ack(op_id, ok=True, count=n, bad=bad)
             if op is not None:
                 self._complete(op, ok=op.ok)
@@ -519,14 +523,14 @@ class SariaScheduler:
         if not ok:  # a copy failed (not an SSD block): vLLM recomputes, the cache keeps its copies
             self.cache.cancel_load(spec)
             self.counters["load_failures"] += 1
-            self._mark_unfilled(st, np.arange(spec.start, spec.num_blocks))
+            if op.failed == 0:  # expired: no rank said so (a failed report marked them)
+                self._mark_unfilled(st, np.arange(spec.start, spec.num_blocks))
             return
         bad = np.asarray(op.bad, np.int64)
         failed = None
-        if bad.size:
+        if bad.size:  # marked unfilled as they were reported
             ssd = spec.positions(Tier.SSD)
             failed = ssd[np.isin(spec.slots[ssd], bad)]
-            self._mark_unfilled(st, failed)
         served = self.cache.complete_load(spec, failed)
         if st is not None:
             # vLLM recomputes from the first bad block: store what it recomputes.
@@ -535,6 +539,25 @@ class SariaScheduler:
             ssd = ssd[ssd < served]
             if ssd.size:
                 st.promotable = (ssd, served - spec.start - ssd.size)
+
+    def _load_failed(self, op, bad) -> None:
+        """A rank reported that load `op` failed (`bad` None: a copy failed,
+        every block) or that its SSD handles `bad` failed their read. The
+        rank reported them to vLLM as load errors in the same step, and vLLM
+        rewinds the request at once: its blocks are unfilled from now, not
+        from when the last rank reports -- with tensor parallelism that may
+        be much later (a rank's lost report waits out the op's deadline), and
+        meanwhile a request could attend to them (the loader preempted and
+        resumed, seed 559 of the simulation's local scenario)."""
+        if op is None or op.kind != "load":
+            return
+        spec: LoadSpec = op.spec
+        st = self.reqs.get(op.req_id) or self._finishing.get(op.req_id)
+        if bad is None:
+            self._mark_unfilled(st, np.arange(spec.start, spec.num_blocks))
+            return
+        ssd = spec.positions(Tier.SSD)
+        self._mark_unfilled(st, ssd[np.isin(spec.slots[ssd], np.asarray(bad, np.int64))])
 
     def _mark_unfilled(self, st: _Req | None, positions: np.ndarray) -> None:
         if st is not None:
