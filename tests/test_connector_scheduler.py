@@ -361,3 +361,58 @@ def test_a_block_whose_load_failed_is_invalid_until_a_forward_writes_it(make_sch
                          num_scheduled_tokens={"c": c.num_tokens}, preempted_req_ids=set())
     assert s.build_connector_meta(so).unfilled == []
     assert s.build_connector_meta(new_step(fake_request("d", PROMPT), [7, 8], 2 * BS, 1)).unfilled == []
+
+
+def test_a_failed_load_is_unfilled_from_the_first_rank_that_reports_it(make_scheduler):
+    """With tensor parallelism a load op ends when every rank reported it; a
+    rank whose copy failed told vLLM at once (its load errors), and vLLM
+    rewound the request -- so its blocks are unfilled from that report, not
+    from the op's end, which a lost report of another rank puts off to the
+    deadline (the whole-stack simulation's local seed 559 of 2000)."""
+    s = make_scheduler(2)
+    _, meta = serve(s, fake_request("a", PROMPT), [1, 2, 3, 4, 5, 6], ack=False)
+    s.update_connector_output(acks({op.op_id: 2 for op in meta.stores}))
+    b = fake_request("b", PROMPT)
+    _, meta = serve(s, b, [7, 8, 9, 10, 11, 12], ack=False)
+    (load,) = meta.loads
+    s.update_connector_output(acks(failed={load.op_id: 1}))  # rank 1 failed; rank 0's report lost
+    assert len(s.ops) == 1                                     # the op waits for rank 0
+    c = fake_request("c", PROMPT + [1])
+    c.num_computed_tokens = 5 * BS
+    assert s.get_num_new_matched_tokens(c, 5 * BS)[0] == 0
+    s.update_state_after_alloc(c, blocks([7, 8, 9, 10, 11, 13]), 0)
+    assert s.build_connector_meta(new_step(c, [7, 8, 9, 10, 11, 13], 5 * BS, 4)).unfilled \
+        == [7, 8, 9, 10, 11]
+
+
+def test_a_block_a_forward_wrote_in_part_is_still_unfilled(make_scheduler):
+    """A forward that ends inside an unfilled block (vLLM rewound its request
+    to the block and gave it a chunk that ends there) leaves the rest of the
+    page as the failed load left it: a request attending all of it is told,
+    the one writing it (attending only what it wrote) is not (the
+    whole-stack simulation's local seed 1062 of 2000)."""
+    s = make_scheduler()
+    serve(s, fake_request("a", PROMPT), [1, 2, 3, 4, 5, 6])
+    b = fake_request("b", PROMPT)
+    _, meta = serve(s, b, [7, 8, 9, 10, 11, 12], ack=False)
+    (load,) = meta.loads
+    s.update_connector_output(acks(failed={load.op_id: 1}))
+
+    def step_b(computed: int, scheduled: int):
+        cached = SimpleNamespace(req_ids=["b"], new_block_ids=[None],
+                                 num_computed_tokens=[computed], resumed_req_ids=set())
+        return SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=cached,
+                               num_scheduled_tokens={"b": scheduled}, preempted_req_ids=set())
+
+    # b, rewound to 0, computes blocks 7..10 and the first token of block 11
+    assert s.build_connector_meta(step_b(0, 4 * BS + 1)).unfilled == []
+    assert s.build_connector_meta(step_b(4 * BS + 1, 1)).unfilled == []  # its own token
+    c = fake_request("c", PROMPT + [1])
+    c.num_computed_tokens = 5 * BS
+    assert s.get_num_new_matched_tokens(c, 5 * BS)[0] == 0
+    s.update_state_after_alloc(c, blocks([7, 8, 9, 10, 11, 13]), 0)
+    assert s.build_connector_meta(new_step(c, [7, 8, 9, 10, 11, 13], 5 * BS, 4)).unfilled == [11]
+    # b writes the rest of block 11: filled
+    assert s.build_connector_meta(step_b(4 * BS + 2, BS - 2)).unfilled == []
+    d = fake_request("d", PROMPT + [2])
+    assert s.build_connector_meta(new_step(d, [7, 8, 9, 10, 11, 14], 5 * BS, 4)).unfilled == []

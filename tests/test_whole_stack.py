@@ -132,6 +132,40 @@ def test_a_late_cluster_get_gives_its_slots_back_when_it_lands():
     assert _run_events(LATE_GET_EVENTS, scenario="cluster") is None
 
 
+# local seed 559 of 2000: e1 (TP 2) restarts on its drive; its next request
+# loads 5 SSD blocks, rank 1's reads fail (it reports them to vLLM, which
+# rewinds the request) and rank 0's report is lost, so the load op waits for
+# its deadline -- and the scheduler marked the blocks unfilled only when the op
+# ended: preempted and resumed, the request got a local hit on them
+LOST_ACK_READ_FAIL_EVENTS = [
+    ("arrive", 1, tuple(range(200000, 200024)) + tuple(range(903000, 903010)), 1),
+    ("step", 1), ("crash", 1), ("ack_lost", 1, 4),
+    ("arrive", 1, tuple(range(200000, 200023)) + tuple(range(903000, 903010)), 2),
+    ("ssd_read_fail", 1, 3), ("step", 1), ("preempt", 1, 5), ("step", 1),
+]
+
+
+def test_a_failed_read_is_unfilled_from_the_first_rank_that_reports_it():
+    assert _run_events(LOST_ACK_READ_FAIL_EVENTS) is None
+
+
+# local seed 1062 of 2000: e0 (TP 1) restarts; r4's SSD load fails, vLLM
+# rewinds it to 0 and its next chunk (17 tokens) ends inside block 4 -- which
+# then counted as written again, though 3 of its 4 tokens still held what the
+# failed load left; r4 preempted and resumed got a local hit on it
+PARTIAL_REFILL_EVENTS = [
+    ("arrive", 0, tuple(range(200000, 200021)) + tuple(range(903000, 903009)), 4),
+    ("arrive", 0, (0, 1, 2, 3, 4, 900000), 1), ("step", 0), ("step", 0), ("crash", 0),
+    ("arrive", 0, (0, 1, 2, 3, 4, 900000, 900001), 6),
+    ("arrive", 0, tuple(range(200000, 200027)) + tuple(range(900000, 900008)), 1),
+    ("ssd_read_fail", 0, 3), ("step", 0), ("step", 0), ("preempt", 0, 1),
+]
+
+
+def test_a_block_a_forward_wrote_only_in_part_is_still_unfilled():
+    assert _run_events(PARTIAL_REFILL_EVENTS) is None
+
+
 def _run_events(events, scenario="local"):
     return run(events, **SCENARIOS[scenario])
 

@@ -83,6 +83,10 @@ class OpTracker:
             return self._ops.pop(op_id)
         return None
 
+    def get(self, op_id: int) -> PendingOp | None:
+        """The pending op `op_id` (None once ended or expired)."""
+        return self._ops.get(op_id)
+
     def expired(self) -> list[PendingOp]:
         """Ops past their deadline, each handed back once: loads leave the
         ledger (complete them as failed); stores stay in it, quarantined

@@ -126,8 +126,9 @@ class SariaScheduler:
         self._late_stores: list[Transfer] = []   # promotions of requests that finished
         self._delayed: list[str] = []
         self._tokens_of: dict[bytes, tuple[tuple[int, ...], object]] = {}
-        # KV blocks whose load failed, until a forward (or a load) writes them again
-        self._unfilled: set[int] = set()
+        # KV blocks whose load failed, until a forward (or a load) writes them again:
+        # block -> how many of its tokens, from its first, forwards wrote since
+        self._unfilled: dict[int, int] = {}
         self.counters = {"hit_tokens": 0, "query_tokens": 0,
                          "load_ops": 0, "store_ops": 0, "promotion_ops": 0, "direct_ops": 0,
                          "direct_dropped": 0,
@@ -301,13 +302,17 @@ class SariaScheduler:
         wm = getattr(out, "kv_connector_worker_meta", None)
         if not isinstance(wm, SariaWorkerMetadata):
             return
-        # an op ends once every rank reported it, failed or not (see ``OpTracker``)
+        # an op ends once every rank reported it, failed or not (see ``OpTracker``);
+        # a load's failed blocks are unfilled from the first rank that reports them
         for op_id, n in wm.failed.items():
+            self._load_failed(self.ops.get(op_id), None)
             op = self.ops.ack(op_id, ok=False, count=n)
             if op is not None:
                 self._complete(op, ok=op.ok)
         for op_id, n in wm.done.items():
             bad = wm.bad_ssd.get(op_id, ())
+            if bad:
+                self._load_failed(self.ops.get(op_id), bad)
             op = self.ops.ack(op_id, ok=True, count=n, bad=bad)
             if op is not None:
                 self._complete(op, ok=op.ok)
@@ -518,14 +523,14 @@ class SariaScheduler:
         if not ok:  # a copy failed (not an SSD block): vLLM recomputes, the cache keeps its copies
             self.cache.cancel_load(spec)
             self.counters["load_failures"] += 1
-            self._mark_unfilled(st, np.arange(spec.start, spec.num_blocks))
+            if op.failed == 0:  # expired: no rank said so (a failed report marked them)
+                self._mark_unfilled(st, np.arange(spec.start, spec.num_blocks))
             return
         bad = np.asarray(op.bad, np.int64)
         failed = None
-        if bad.size:
+        if bad.size:  # marked unfilled as they were reported
             ssd = spec.positions(Tier.SSD)
             failed = ssd[np.isin(spec.slots[ssd], bad)]
-            self._mark_unfilled(st, failed)
         served = self.cache.complete_load(spec, failed)
         if st is not None:
             # vLLM recomputes from the first bad block: store what it recomputes.
@@ -535,9 +540,28 @@ class SariaScheduler:
             if ssd.size:
                 st.promotable = (ssd, served - spec.start - ssd.size)
 
+    def _load_failed(self, op, bad) -> None:
+        """A rank reported that load `op` failed (`bad` None: a copy failed,
+        every block) or that its SSD handles `bad` failed their read. The
+        rank reported them to vLLM as load errors in the same step, and vLLM
+        rewinds the request at once: its blocks are unfilled from now, not
+        from when the last rank reports -- with tensor parallelism that may
+        be much later (a rank's lost report waits out the op's deadline), and
+        meanwhile a request could attend to them (the loader preempted and
+        resumed, seed 559 of the simulation's local scenario)."""
+        if op is None or op.kind != "load":
+            return
+        spec: LoadSpec = op.spec
+        st = self.reqs.get(op.req_id) or self._finishing.get(op.req_id)
+        if bad is None:
+            self._mark_unfilled(st, np.arange(spec.start, spec.num_blocks))
+            return
+        ssd = spec.positions(Tier.SSD)
+        self._mark_unfilled(st, ssd[np.isin(spec.slots[ssd], np.asarray(bad, np.int64))])
+
     def _mark_unfilled(self, st: _Req | None, positions: np.ndarray) -> None:
         if st is not None:
-            self._unfilled.update(st.block_ids[p] for p in positions.tolist()
+            self._unfilled.update((st.block_ids[p], 0) for p in positions.tolist()
                                   if p < len(st.block_ids))
 
     def _attended_unfilled(self, so) -> list[int]:
@@ -550,12 +574,20 @@ class SariaScheduler:
         If that request is preempted or aborted first, the block stays cached
         with whatever its page held, and a later request (or the same one,
         resumed) gets a local hit on it -- wrong KV that no saria load is
-        involved in. Reported as a load error, vLLM recomputes it instead."""
+        involved in. Reported as a load error, vLLM recomputes it instead.
+
+        A block is filled again only once forwards wrote all its tokens: a
+        forward that ends inside it (a chunk of a prefill that vLLM rewound
+        to it) leaves the rest of its page as the failed load left it, and
+        vLLM has it in its prefix cache all the same (seed 1062 of the
+        simulation's local scenario). A request that attends only the part
+        written (its own chunk, resumed next step) is not told."""
         if not self._unfilled:
             return []
         bs = self.block_size
-        attended: set[int] = set()
-        written = {b for t in self._loads for b in t.dst_ids}  # loads run before the forward
+        for t in self._loads:  # loads run before the forward and fill whole blocks
+            for b in t.dst_ids:
+                self._unfilled.pop(b, None)
         spans = [(nr.block_ids[0], nr.num_computed_tokens, so.num_scheduled_tokens[nr.req_id])
                  for nr in so.scheduled_new_reqs]
         cached = so.scheduled_cached_reqs
@@ -564,12 +596,26 @@ class SariaScheduler:
             if st is not None:
                 spans.append((st.block_ids, cached.num_computed_tokens[i],
                               so.num_scheduled_tokens[rid]))
+        # the forward writes tokens [computed, computed + scheduled) of each request
         for ids, computed, scheduled in spans:
-            first = -(-computed // bs)
-            attended.update(ids[:first])
-            written.update(ids[first: -(-(computed + scheduled) // bs)])
-        self._unfilled -= written
-        return sorted(attended & self._unfilled)
+            end = computed + scheduled
+            for i in range(computed // bs, min(len(ids), -(-end // bs))):
+                v = self._unfilled.get(ids[i])
+                if v is None or computed > i * bs + v:  # not written on from what is filled
+                    continue
+                v = min(end, (i + 1) * bs) - i * bs
+                if v >= bs:
+                    del self._unfilled[ids[i]]
+                else:
+                    self._unfilled[ids[i]] = v
+        # and attends tokens [0, computed): every block holding one must be filled that far
+        stale: set[int] = set()
+        for ids, computed, _ in spans:
+            for i in range(min(len(ids), -(-computed // bs))):
+                v = self._unfilled.get(ids[i])
+                if v is not None and v < min(computed, (i + 1) * bs) - i * bs:
+                    stale.add(ids[i])
+        return sorted(stale)
 
     def _cancel(self, st: _Req) -> None:
         if st.load is not None:
