@@ -12,8 +12,8 @@ import os
 import pytest
 
 from saria.index import Tier
-from vllm_harness import (BS, SLOT, engine, expect, generate, greedy, model_dir, prompts,
-                          same_greedy, scheduler_connector)
+from vllm_harness import (BS, SLOT, corrupt_store, engine, expect, generate, greedy, model_dir,
+                          prompts, same_greedy, scheduler_connector)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +157,7 @@ def test_corrupt_ssd_pages_are_recomputed(model, baseline, tmp_path):
         s.cache.flush()
         keys = _keys(s, a)
         assert s.cache.lookup(keys).blocks_from(Tier.SSD) == 9
-        _corrupt_store(tmp_path / "ssd")
+        corrupt_store(tmp_path / "ssd")
         toks, _ = generate(llm, a)
         assert same_greedy(toks, want_a)
         assert worker(llm).coordinator.totals["ssd_blocks_failed"] == 9
@@ -219,19 +219,6 @@ def _keys(s, tokens):
 
     n = (len(tokens) - 1) // BS
     return keys_to_array(s.hasher.hasher.block_keys(tokens[: n * BS]))
-
-
-def _corrupt_store(root) -> None:
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            with open(path, "r+b") as f:
-                size = os.fstat(f.fileno()).st_size
-                for off in range(8192 + 1000, size, 4096):
-                    f.seek(off)
-                    byte = f.read(1)
-                    f.seek(off)
-                    f.write(bytes([byte[0] ^ 0xFF]) if byte else b"\x00")
 
 
 def test_an_engine_that_fails_to_start_leaves_no_vllm_state_behind(model, baseline):

@@ -340,3 +340,40 @@ def test_a_superseded_checkpoint_a_load_holds_keeps_its_own_bytes(tmp_path):
             int(np.count_nonzero(d["ckpt"] & DRAM.bit)) * units
     finally:
         cache.close()
+
+
+def test_a_checkpoint_whose_ssd_read_failed_leaves_the_tier(tmp_path):
+    """A worker reports a checkpoint's SSD read failed (I/O, checksum): that
+    copy leaves the SSD tier and its blocks go back, the hit serves nothing
+    past its start, and the next lookup ends at no checkpoint there -- else
+    vLLM would retry the same unreadable state at every step."""
+    root = tmp_path / "ssd"
+    tokens = list(range(TOKENS * 3))
+    keys = keys_to_array(HASHER.block_keys(tokens))
+    cache = make_cache(root, "full-duplicate", "none", True)
+    units = cache.cfg.state_units
+    try:
+        spec = cache.prepare_store(keys, 0)
+        cache.backend.pool.scatter(spec.slots, synthetic_rows(spec.keys, BLOCK))
+        cache.complete_store(spec)
+        state = cache.prepare_checkpoint(keys, keep=0)
+        cache.backend.pool.scatter(cache.backend.state_slots(state.dram_handle),
+                                   synthetic_state(keys[-1], units, BLOCK))
+        cache.complete_checkpoint(state)
+        cache.flush()
+    finally:
+        cache.close()
+    cache = make_cache(root, "full-duplicate", "none", True)   # the drive's copies only
+    try:
+        plan = cache.lookup(keys)
+        assert plan.num_blocks == 3 and plan.checkpoint is not None
+        assert plan.checkpoint.tier == SSD
+        free = cache.gauges()["ssd_free_slots"]
+        load = cache.prepare_load(keys, plan.num_blocks)
+        assert cache.complete_load(load, state_failed=True) == 0
+        assert cache.stats.ssd_read_failures == 1
+        assert cache.gauges()["ssd_free_slots"] == free + units
+        assert cache.lookup(keys).checkpoint is None
+        assert cache.lookup(keys).num_blocks == 0      # a hybrid hit ends at a checkpoint
+    finally:
+        cache.close()

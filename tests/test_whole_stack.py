@@ -28,7 +28,7 @@ from whole_stack import mutations  # noqa: E402
 from whole_stack.events import SCENARIOS, draw, run  # noqa: E402
 
 # seeds per scenario in CI (about 60-90 s in all on a loaded 2-core machine)
-BUDGET = {"local": 200, "cluster": 100, "server-up": 6, "server": 3}
+BUDGET = {"local": 200, "cluster": 100, "server-up": 6, "server": 3, "hybrid": 200}
 SEEDS = int(os.environ.get("SARIA_SIM_SEEDS", "0"))
 REAL_TIME = ("server-up", "server")  # scenarios whose client deadlines are wall-clock
 
@@ -166,6 +166,52 @@ def test_a_block_a_forward_wrote_only_in_part_is_still_unfilled():
     assert _run_events(PARTIAL_REFILL_EVENTS) is None
 
 
+# a hybrid model's async load whose SSD reads fail after a restart: with
+# several KV-cache groups vLLM raises on block-level load errors -- saria
+# reports the request failed (failed_recving) and vLLM recomputes it
+HYBRID_READ_FAIL_EVENTS = [
+    ("arrive", 0, tuple(range(100000, 100017)) + (900000,), 6),
+    ("arrive", 0, tuple(range(100000, 100016)) + (903000, 903001), 2),
+    ("step", 0), ("crash", 0), ("ssd_read_fail", 0, 6),
+    ("arrive", 0, tuple(range(100000, 100012)) + (902000,), 6),
+]
+
+
+def test_a_hybrid_models_failed_load_is_a_failed_request_not_block_errors():
+    assert _run_events(HYBRID_READ_FAIL_EVENTS, scenario="hybrid") is None
+    with mutations.applied("sync-hybrid-loads"):
+        f = _run_events(HYBRID_READ_FAIL_EVENTS, scenario="hybrid")
+    assert f is not None and f.kind == "vllm-raises", f
+
+
+def test_the_hybrid_scenario_moves_checkpoints():
+    """Not vacuous: over a few seeds the hybrid engines store checkpoints,
+    get hits that end at one (from DRAM and from the SSD after restarts) and
+    lose some loads to injected read failures."""
+    from whole_stack.world import World
+
+    seen = {"checkpoints": 0, "DRAM": 0, "SSD": 0, "read_failures": 0}
+    sc = SCENARIOS["hybrid"]
+    for seed in range(30):
+        w = World(engines=sc["engines"], hybrid=True)
+        try:
+            for ev in draw(seed, engines=len(sc["engines"]), hybrid=True):
+                w.apply(ev)
+                for e in w.engines:  # an engine that crashed is replaced: count as we go
+                    e.seen = {"checkpoints": e.sched.counters.get("checkpoint_ops", 0),
+                              "DRAM": e.cache.stats.hit_blocks["DRAM"],
+                              "SSD": e.cache.stats.hit_blocks["SSD"],
+                              "read_failures": e.cache.stats.ssd_read_failures}
+                    w.seen = getattr(w, "seen", {})
+                    w.seen[id(e)] = e.seen
+            for counts in getattr(w, "seen", {}).values():
+                for k, v in counts.items():
+                    seen[k] += v
+        finally:
+            w.close()
+    assert all(v > 0 for v in seen.values()), seen
+
+
 def _run_events(events, scenario="local"):
     return run(events, **SCENARIOS[scenario])
 
@@ -183,12 +229,15 @@ MUTATED = {
     "hold-empty-store": ("server-up", 1),          # a zero-block store spec held
     "no-cancel-owed": ("server-up", 5),            # failure 3: a store spec held
     "no-breaker": ("server", 0),                   # failure 6: server-down-stall
+    "sync-hybrid-loads": ("hybrid", 7),            # vLLM raises on block-level errors
 }
 # written, but no seed of the CI budget finds them (docs/correctness.md says why)
 NOT_FOUND = {
     "shorten-relock": "failure 1: the sim's 12 DRAM slots give no write-behind victims",
     "reuse-moved-load": "failure 2: vLLM's hit seldom shrinks over cluster-only blocks",
     "gone-pool-raises": "N2: a server killed between a restart's hello and a worker's step",
+    "free-held-checkpoint": "issue 40: a load held across steps (allocation failed) while a "
+                            "deeper checkpoint on its path supersedes its own, in DRAM",
 }
 
 

@@ -227,3 +227,18 @@ def prompts(seed: int = 0, n: int = 300, shared: int = 256, tail: int = 40):
 
 def model_dir(tmp_path_factory) -> str:
     return make_llama(str(tmp_path_factory.getbasetemp() / "tiny_llama"))
+
+
+def corrupt_store(root) -> None:
+    """Flips a byte in every 4 KiB past the first 8 KiB of each file of an
+    SSD store under `root`: every block read from it fails its check."""
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            with open(path, "r+b") as f:
+                size = os.fstat(f.fileno()).st_size
+                for off in range(8192 + 1000, size, 4096):
+                    f.seek(off)
+                    byte = f.read(1)
+                    f.seek(off)
+                    f.write(bytes([byte[0] ^ 0xFF]) if byte else b"\x00")

@@ -102,6 +102,17 @@ def state_load(sched, st, op_id: int, rid: str, spec, hit: int) -> StateCopy:
     return StateCopy(op_id, rid, src, Medium.KV, kv, parts.tolist(), keys.tobytes())
 
 
+def state_failed(cache, spec, bad: np.ndarray) -> bool:
+    """Whether the SSD handles `bad` that failed their read include the
+    checkpoint of load `spec` (the worker reports them as it reports KV
+    blocks'; a hybrid model runs in process, so the handles are the cache's)."""
+    ck = spec.checkpoint
+    if ck is None or ck.tier != Tier.SSD:
+        return False
+    _, parts, _ = cache.checkpoint_source(spec)
+    return bool(np.isin(parts, bad).any())
+
+
 def plan_checkpoints(sched, so) -> list[StateCopy]:
     """This step's boundary states as checkpoints, each copied after the forward."""
     block_state = getattr(so, "kv_connector_block_state", None)

@@ -59,6 +59,19 @@ class Geometry:
         return self.groups is not None and self.groups.hybrid
 
     @property
+    def async_loads(self) -> bool:
+        """Whether loads are asynchronous in vLLM's sense: with several KV-cache
+        groups vLLM takes no block-level load errors (block ids are unique
+        only within a group; it raises), only a failed request
+        (``failed_recving``), and only for a request that waits for its load
+        (``WAITING_FOR_REMOTE_KVS``). So such a request waits one step for
+        its load and, when any of it fails, is recomputed from vLLM's own hit
+        -- and a failed load never leaves a block in vLLM's prefix cache
+        (vLLM caches an async load's blocks only once it succeeded)."""
+        g = self.groups
+        return g is not None and len(g.attn_group_ids) + len(g.state_group_ids) > 1
+
+    @property
     def state_rank_bytes(self) -> int:
         g = self.groups
         return len(g.state_layer_names) * g.state_page_bytes if self.hybrid else 0

@@ -19,7 +19,8 @@ Flow per request (``keys`` are saria block keys of the request's tokens):
   read by the workers straight into KV pages.
 * ``update_state_after_alloc``: the locked prefix becomes a load op: DRAM ->
   KV and SSD -> KV transfers into the request's new KV blocks (synchronous:
-  done before its layers run).
+  done before its layers run; asynchronous with several KV-cache groups,
+  ``Geometry.async_loads``: the request waits one step for them).
 * ``build_connector_meta``: every request's newly computed full blocks get DRAM
   slots (``prepare_store``) and become a store op. Under a write-through
   policy the blocks DRAM cannot keep (a prompt longer than the free DRAM)
@@ -226,7 +227,7 @@ class SariaScheduler:
         if hit <= local:
             self._cancel(st)
             return 0, False
-        return (hit - local) * self.block_size, False
+        return (hit - local) * self.block_size, self.geo.async_loads
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         st = self.reqs.get(request.request_id)
@@ -322,9 +323,11 @@ class SariaScheduler:
         st = self.reqs.pop(rid, None)
         if st is not None:
             self._cancel(st)
-            if self.ops.loads_pending(rid):
+            if self.ops.loads_pending(rid) and not self.geo.async_loads:
                 # vLLM reports a request finished before the load it ran in the
                 # same step: its outcome decides the promotion, so keep the pages.
+                # (An async load's pages vLLM keeps itself until the load's
+                # finished_recving; no promotion runs with several groups.)
                 self._finishing[rid] = st
                 self.counters["delayed_frees"] += 1
                 return True, None
@@ -529,9 +532,11 @@ class SariaScheduler:
         bad = np.asarray(op.bad, np.int64)
         failed = None
         if bad.size:  # marked unfilled as they were reported
-            ssd = spec.positions(Tier.SSD)
-            failed = ssd[np.isin(spec.slots[ssd], bad)]
-        served = self.cache.complete_load(spec, failed)
+            failed = _failed_ssd_positions(spec, bad)
+        if bad.size and hybrid.state_failed(self.cache, spec, bad):
+            served = self.cache.complete_load(spec, failed, state_failed=True)
+        else:
+            served = self.cache.complete_load(spec, failed)
         if st is not None:
             # vLLM recomputes from the first bad block: store what it recomputes.
             st.stored = min(st.stored, served)
@@ -556,11 +561,11 @@ class SariaScheduler:
         if bad is None:
             self._mark_unfilled(st, np.arange(spec.start, spec.num_blocks))
             return
-        ssd = spec.positions(Tier.SSD)
-        self._mark_unfilled(st, ssd[np.isin(spec.slots[ssd], np.asarray(bad, np.int64))])
+        self._mark_unfilled(st, _failed_ssd_positions(spec, np.asarray(bad, np.int64)))
 
     def _mark_unfilled(self, st: _Req | None, positions: np.ndarray) -> None:
-        if st is not None:
+        # async loads: vLLM recomputes the request and caches none of its blocks
+        if st is not None and not self.geo.async_loads:
             self._unfilled.update((st.block_ids[p], 0) for p in positions.tolist()
                                   if p < len(st.block_ids))
 
@@ -636,3 +641,9 @@ def _max_blocks(cfg: ConnectorConfig, geo: Geometry) -> int:
     if cfg.has_ssd:
         held += len(cfg.ssd_dirs) * (cfg.ssd_bytes // geo.slot_bytes)
     return max(4096, 4 * held)
+
+
+def _failed_ssd_positions(spec: LoadSpec, bad: np.ndarray) -> np.ndarray:
+    """The positions of `spec` whose SSD handles are among the failed `bad`."""
+    ssd = spec.positions(Tier.SSD)
+    return ssd[np.isin(spec.slots[ssd], bad)]

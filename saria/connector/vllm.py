@@ -143,6 +143,9 @@ class SariaConnector(KVConnectorBase_V1, SupportsHMA):
     def get_finished(self, finished_req_ids):
         return self._worker.get_finished(finished_req_ids)
 
+    def get_transfer_results(self, finished_req_ids):
+        return self._worker.get_transfer_results(finished_req_ids)
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.get_block_ids_with_load_errors()
 

@@ -10,6 +10,10 @@ after the forward pass by ``ComputeOrder`` (``ordering.py``).
 Loads run before the forward (saria's loads are synchronous in vLLM's
 sense), through a ``LoadCoordinator`` (``loads.py``: serial, overlap or
 paced); each layer waits only for its own pages (``wait_for_layer_load``).
+With several KV-cache groups they are asynchronous (``Geometry.async_loads``):
+vLLM runs them beside a forward that does not read them, each rank reports
+every one it ran in ``finished_recving`` and a failed one in
+``failed_recving`` (vLLM takes no block-level errors there).
 Stores are queued as each layer finishes (``save_kv_layer``) and not waited
 for at the end of the step: the scheduler learns they are done from
 ``build_connector_meta`` and keeps a finished request's blocks allocated
@@ -87,6 +91,10 @@ class SariaWorker:
         self._pending: dict[int, tuple[Transfer, list[Future]]] = {}  # store op id -> futures
         self._done = SariaWorkerMetadata()
         self._load_errors: set[int] = set()
+        # async loads (``Geometry.async_loads``): requests whose load ended on
+        # this rank, and those of them that failed (vLLM recomputes them)
+        self._recving: set[str] = set()
+        self._failed_recving: set[str] = set()
         self._delayed: set[str] = set()
         self._meta: SariaMetadata | None = None  # the step's metadata, once begun
         self._deltas = Deltas()
@@ -94,6 +102,7 @@ class SariaWorker:
         self._kv_caches = None
         self.states = None                      # recurrent-state checkpoints (hybrid models)
         self._state_errors: dict[int, str] = {}  # load op id -> why its state did not load
+        self._state_bad: dict[int, list[int]] = {}  # load op id -> its checkpoint's failed handles
         self._states_loaded: SariaMetadata | None = None  # the step whose states are in
 
     # ------------------------------------------------------------ lifecycle
@@ -173,7 +182,9 @@ class SariaWorker:
                     len(self._stale))
         for t in meta.loads:
             if t.op_id in self._stale:
-                self._load_errors.update(t.dst_ids)
+                self._load_failed(t)
+                if self.geo.async_loads:
+                    self._recving.add(t.req_id)
         for op_id in self._stale:
             self._done.failed[op_id] += 1
 
@@ -221,12 +232,24 @@ class SariaWorker:
                 for f in futs:
                     f.exception()
 
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, None]:
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         self._collect_stores()
         busy = {t.req_id for t, _ in self._pending.values()}
         done = {r for r in self._delayed if r not in busy}
         self._delayed -= done
-        return (done or None), None
+        recving, self._recving = self._recving, set()
+        return (done or None), (recving or None)
+
+    def get_transfer_results(self, finished_req_ids: set[str]):
+        """``get_finished`` with the async loads that failed (every rank
+        reports each async load it ran, failed or not, in the same step)."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+
+        sending, recving = self.get_finished(finished_req_ids)
+        failed, self._failed_recving = self._failed_recving, set()
+        return KVConnectorTransferResults(finished_sending=set(sending or ()),
+                                          finished_recving=set(recving or ()),
+                                          failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         out, self._load_errors = self._load_errors, set()
@@ -321,21 +344,37 @@ class SariaWorker:
         step.finish()
         bad: dict[int, list[int]] = defaultdict(list)
         for t, kv_ids, handles in step.failed:
-            self._load_errors.update(kv_ids)  # vLLM recomputes them
+            self._load_failed(t, kv_ids)  # vLLM recomputes them
             bad[t.op_id].extend(handles)
+        if self.geo.async_loads:
+            self._recving.update(t.req_id for t in loads)
+        for t in loads:  # a checkpoint whose SSD read failed: its handles, and the request
+            handles = self._state_bad.pop(t.op_id, None)
+            if handles is not None:
+                bad[t.op_id].extend(handles)
+                self._failed_recving.add(t.req_id)
         for op_id in dict.fromkeys(t.op_id for t in loads):
             err = step.errors.get(op_id) or self._state_errors.pop(op_id, None)
             if err is not None:
                 log.error("saria: loading op %d failed: %s", op_id, err)
                 for t in loads:
                     if t.op_id == op_id:
-                        self._load_errors.update(t.dst_ids)
+                        self._load_failed(t)
                 self._done.failed[op_id] += 1
                 continue
             self._done.done[op_id] += 1
             if bad.get(op_id):
                 self._done.bad_ssd[op_id] = sorted(bad[op_id])
         self._release_fence()
+
+    def _load_failed(self, t: Transfer, kv_ids=None) -> None:
+        """Load transfer `t` (its blocks `kv_ids`, default all) did not land:
+        vLLM recomputes them -- with several KV-cache groups the whole
+        request, an async load's failure (``Geometry.async_loads``)."""
+        if self.geo.async_loads:
+            self._failed_recving.add(t.req_id)
+        else:
+            self._load_errors.update(t.dst_ids if kv_ids is None else kv_ids)
 
     def _load_states(self, meta: SariaMetadata) -> None:
         """Checkpoints into the state blocks, from ``handle_preemptions``: vLLM
@@ -350,8 +389,8 @@ class SariaWorker:
             if c.dst != Medium.KV:
                 continue
             try:
-                if not self.states.load(c):
-                    self._state_errors[c.op_id] = "a checkpoint's SSD block failed its read"
+                if not self.states.load(c):  # reported like a KV block's failed read
+                    self._state_bad[c.op_id] = list(c.ids)
             except Exception as e:  # noqa: BLE001 -- reported as a failed op, recomputed
                 self._state_errors[c.op_id] = f"checkpoint load: {e}"
 

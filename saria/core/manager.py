@@ -232,11 +232,14 @@ class CacheManager:
         index). See ``saria.core.remote``."""
         return self.remote.complete_fetch(spec, ok)
 
-    def complete_load(self, spec: LoadSpec, failed: np.ndarray | None = None) -> int:
+    def complete_load(self, spec: LoadSpec, failed: np.ndarray | None = None, *,
+                      state_failed: bool = False) -> int:
         """The mover is done with `spec`: unlocks it. `failed` lists positions
         whose SSD read failed (I/O, checksum, wrong key): their SSD copies
-        leave the tier, so no later plan relies on them. Returns the blocks
-        served, the prefix before the first failure."""
+        leave the tier, so no later plan relies on them. `state_failed`: the
+        SSD read of its checkpoint failed -- that copy leaves too, and the
+        hit served nothing past its start (a hybrid hit needs its state).
+        Returns the blocks served, the prefix before the first failure."""
         n = spec.num_blocks
         if n:
             self._unlock(spec.path)
@@ -246,6 +249,9 @@ class CacheManager:
             failed = np.unique(np.asarray(failed, np.int64))
             served = int(failed[0])
             self._drop_failed(spec, failed)
+        if state_failed and spec.checkpoint is not None:
+            served = min(served, spec.start)
+            self._drop_failed_checkpoint(spec.checkpoint, spec.path[spec.checkpoint.boundary - 1])
         dram, ssd = spec.hits(served)
         if spec.remote.size:  # fetched from the cluster: DRAM copies now, counted apart
             remote = spec.remote_hits(served)
@@ -272,6 +278,13 @@ class CacheManager:
         lost = failed[still[failed] == spec.slots[failed]]
         if lost.size:
             self.drop_ssd(spec.path[lost])
+
+    def _drop_failed_checkpoint(self, ck, key: np.ndarray) -> None:
+        """A checkpoint whose SSD read failed leaves the tier, if the index
+        still holds that copy (it may have been replaced meanwhile)."""
+        self.stats.ssd_read_failures += 1
+        if ck.tier == SSD and self.index.checkpoint_slot(bytes(key), SSD) == ck.slot:
+            self._free_checkpoint(key, SSD)
 
     def drop_ssd(self, keys: np.ndarray) -> None:
         """Drops SSD copies that proved unusable (a failed read)."""

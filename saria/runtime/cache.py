@@ -218,9 +218,10 @@ class TieredCache:
         with self._lock:
             return self.manager.complete_fetch(spec, ok)
 
-    def complete_load(self, spec: LoadSpec, failed: np.ndarray | None = None) -> int:
+    def complete_load(self, spec: LoadSpec, failed: np.ndarray | None = None, *,
+                      state_failed: bool = False) -> int:
         with self._lock:
-            return self.manager.complete_load(spec, failed)
+            return self.manager.complete_load(spec, failed, state_failed=state_failed)
 
     def cancel_load(self, spec: LoadSpec) -> None:
         with self._lock:

@@ -318,18 +318,23 @@ def process_of(frame: zmq.Frame, ident: bytes) -> str:
         address = frame.get("Peer-Address") or ""
     except zmq.ZMQError:
         address = ""
-    parts = address.rsplit(":", 3)
-    if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
-        return f"pid:{parts[3]}"
-    return f"conn:{ident.hex()}"
+    cred = _peercred(address)
+    return f"pid:{cred[2]}" if cred else f"conn:{ident.hex()}"
 
 
 def _ipc_uid(address: str) -> int | None:
-    """The uid libzmq appends to an IPC peer's address (``...:UID:GID:PID``,
-    from ``SO_PEERCRED``), or None when it is missing (then: refused)."""
+    """The uid libzmq appends to an IPC peer's address, or None when it is
+    missing (then: refused)."""
+    cred = _peercred(address)
+    return cred[0] if cred else None
+
+
+def _peercred(address: str) -> tuple[int, int, int] | None:
+    """(uid, gid, pid) that libzmq appends to an IPC peer's address
+    (``...:UID:GID:PID``, from ``SO_PEERCRED``), or None when absent."""
     parts = address.rsplit(":", 3)
     if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
-        return int(parts[1])
+        return int(parts[1]), int(parts[2]), int(parts[3])
     return None
 
 

@@ -25,6 +25,9 @@ SCENARIOS = {
     # the server always answers (lost replies and lease expiry only): what a
     # down server does is then not the first thing a run meets
     "server-up": {"engines": (1, 1, 2), "server": True, "server_events": ("srv_drop", "srv_expire")},
+    # a hybrid model (attention + recurrent states as checkpoints): TP 1, in
+    # process -- what saria holds them with today
+    "hybrid": {"engines": (1, 1), "hybrid": True},
 }
 SERVER_WEIGHTS = {"srv_pause": 2, "srv_resume": 3, "srv_drop": 2, "srv_expire": 1, "srv_kill": 1,
                   "srv_start": 3}
@@ -33,7 +36,8 @@ CLUSTER_WEIGHTS = {"publish": 6, "cl_fail_get": 2, "cl_corrupt": 1, "cl_vanish":
 
 
 def draw(seed: int, n: int = 120, engines: int = 2, cluster: bool = False,
-         server: bool = False, server_events: tuple[str, ...] | None = None) -> list[tuple]:
+         server: bool = False, server_events: tuple[str, ...] | None = None,
+         hybrid: bool = False) -> list[tuple]:
     """`n` events from `seed`: prompts from three roots with branches (shared prefixes)."""
     rng = random.Random(seed)
     roots = [[r * 100_000 + t for t in range(4 * rng.randint(2, 7) + rng.randint(0, 3))]
@@ -66,10 +70,10 @@ def draw(seed: int, n: int = 120, engines: int = 2, cluster: bool = False,
 
 
 def run(events: list[tuple], *, engines: tuple[int, ...] = (1, 2), cluster: bool = False,
-        server: bool = False, server_events=None) -> SimFailure | None:
+        server: bool = False, server_events=None, hybrid: bool = False) -> SimFailure | None:
     """Runs `events`, then drains, checks leaks and restarts; returns the first
     broken invariant (an unexpected exception is one too: kind ``crash:<type>``)."""
-    w = World(engines=engines, cluster=cluster, server=server)
+    w = World(engines=engines, cluster=cluster, server=server, hybrid=hybrid)
     try:
         for i, ev in enumerate(events):
             try:

@@ -34,6 +34,11 @@ is found and in how many events.
   nothing, so a KV block whose load failed is never reported invalid later.
 * ``hold-empty-store`` (8bef907): the server holds a store spec of zero
   blocks (``CacheServer._store_reply`` without its zero-block branch).
+* ``sync-hybrid-loads`` (this round): loads of a model with several KV-cache
+  groups are synchronous, so a failed read is a block-level load error --
+  on which vLLM raises with several groups.
+* ``free-held-checkpoint`` (issue 40, 70d1d35): a checkpoint removed from the
+  index frees its slots while a prepared load still names them.
 * ``keep-preempted-waves`` (722edca): a preempted request's write-through
   waves not copied yet are kept (the drop in ``build_connector_meta`` undone
   before ``_drain_direct``) and later copied from pages vLLM freed.
@@ -260,7 +265,36 @@ def _keep_preempted_waves():
                   (SariaScheduler, "_drain_direct", _drain_direct))
 
 
+def _sync_hybrid_loads():
+    """Several KV-cache groups with synchronous loads (before this round):
+    a failed read goes to vLLM as block-level load errors, on which vLLM
+    0.32 raises with several groups -- the engine dies."""
+    from saria.connector.layout import Geometry
+
+    return _patch((Geometry, "async_loads", property(lambda self: False)))
+
+
+def _free_held_checkpoint():
+    """Issue 40's checkpoint fix reverted: a checkpoint that leaves the index
+    (superseded, evicted) frees its slots at once, though a prepared load
+    still names them (and reads what reuses them, or a freed handle)."""
+    def _free_checkpoint(self, key, tier):
+        self.backend.free_state(tier, self.index.remove_checkpoint(bytes(key), tier))
+
+    def _release_checkpoint(self, ck):
+        if ck is not None:
+            ref = (int(ck.tier), int(ck.slot))
+            left = self._ckpt_readers.pop(ref, 1) - 1
+            if left:
+                self._ckpt_readers[ref] = left
+
+    return _patch((CacheManager, "_free_checkpoint", _free_checkpoint),
+                  (CacheManager, "_release_checkpoint", _release_checkpoint))
+
+
 MUTATIONS = {
+    "sync-hybrid-loads": _sync_hybrid_loads,
+    "free-held-checkpoint": _free_held_checkpoint,
     "readiness-off": _readiness_off,
     "tp-store-first-failure": _tp_store_first_failure,
     "shorten-relock": _shorten_relock,

@@ -20,6 +20,25 @@ Modelled on vLLM 0.32 (``vllm/v1/core/sched/scheduler.py``,
   (``_update_requests_with_invalid_blocks``, copied), then sampled tokens,
   finished requests (``request_finished``, delayed frees until every rank
   reported ``finished_sending``), then ``update_connector_output``.
+
+Hybrid mode (``hybrid=True``): a second KV-cache group of recurrent states
+(vLLM's ``MambaSpec`` in ``align`` mode), so that checkpoints meet the
+faults too:
+
+* prefill chunks end at block boundaries where they can (``align``);
+* block 0 is vLLM's null block; a request's state table has an entry per
+  block position, a real block only at the positions where one of its chunks
+  ended (the state after ``t`` tokens lives at position ``(t - 1) // bs``),
+  null elsewhere;
+* a local hit ends where the state group caches a state (one computed at
+  that boundary; cached once the step that computed it is done);
+* with several groups vLLM raises on block-level load errors
+  (``_handle_invalid_blocks``): any is a failure here; loads are
+  asynchronous -- the request holds its blocks in ``loading`` for one step,
+  then runs from its hit, or (``failed_recving``) from vLLM's own hit again,
+  none of the load's blocks cached; an aborted loader's blocks wait for its
+  ``finished_recving``; ``boundary_state_offloads`` names the states each
+  step computes at block boundaries.
 """
 
 from __future__ import annotations
@@ -29,6 +48,10 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from whole_stack.pages import chain_digests
+from whole_stack.failures import SimFailure
+
+NULL = 0       # vLLM's null block (hybrid mode: never allocated)
+STATE_GID = 1  # the recurrent group's vLLM group id (hybrid mode)
 
 
 @dataclass
@@ -43,6 +66,7 @@ class Request:
     resumed: bool = False            # preempted before: comes back as a cached request
     scheduled_once: bool = False
     digests: list[bytes] = field(default_factory=list)
+    state_ids: list[int] = field(default_factory=list)   # hybrid: recurrent group's table
     # what the connector's fake request needs
     cache_salt: None = None
     lora_request: None = None
@@ -73,12 +97,12 @@ class Request:
 class BlockPool:
     """KV blocks with reference counts and a prefix cache of freed blocks."""
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, first: int = 0) -> None:
         self.num_blocks = num_blocks
         self.ref = [0] * num_blocks
         self.hash_of: dict[int, bytes] = {}
         self.cached: dict[bytes, int] = {}
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(first, num_blocks))
 
     def hit(self, digests: list[bytes], limit: int) -> list[int]:
         out = []
@@ -115,6 +139,8 @@ class BlockPool:
 
     def release(self, blocks: list[int]) -> None:
         for b in reversed(blocks):  # vLLM frees the tail first: it is evicted first
+            if b == NULL:
+                continue
             self.ref[b] -= 1
             assert self.ref[b] >= 0, b
             if self.ref[b] == 0:
@@ -135,11 +161,16 @@ class VllmDouble:
     """One engine's scheduler loop around a connector and an ``execute`` callback."""
 
     def __init__(self, connector, execute, *, block_size: int, num_blocks: int,
-                 budget: int) -> None:
+                 budget: int, hybrid: bool = False) -> None:
         self.connector = connector
-        self.execute = execute          # (scheduler_output) -> (worker meta, finished_sending, invalid)
+        # (scheduler_output, before) -> (worker meta, finished_sending, invalid,
+        #                                finished_recving, failed_recving)
+        self.execute = execute
         self.bs = block_size
-        self.pool = BlockPool(num_blocks)
+        self.hybrid = hybrid
+        self.pool = BlockPool(num_blocks, first=1 if hybrid else 0)
+        self.received: set[str] = set()   # async loads every rank finished
+        self.loading_aborted: set[str] = set()  # finished while their async load ran
         self.budget = budget
         self.requests: dict[str, Request] = {}
         self.waiting: list[Request] = []
@@ -167,8 +198,7 @@ class VllmDouble:
 
     def preempt(self, req: Request) -> None:
         self.running.remove(req)
-        self.pool.release(req.block_ids)
-        req.block_ids = []
+        self._release(req)
         req.num_computed_tokens = 0
         req.status = "waiting"
         req.resumed = True
@@ -178,6 +208,14 @@ class VllmDouble:
     def idle(self) -> bool:
         return not (self.waiting or self.running or self.delayed_free)
 
+    def _release(self, req: Request) -> None:
+        self.pool.release(req.block_ids)
+        self.pool.release(req.state_ids)
+        req.block_ids, req.state_ids = [], []
+
+    def _ids(self, req: Request, attn: list[int], states: list[int]) -> tuple:
+        return (attn, states) if self.hybrid else (attn,)
+
     # ---------------------------------------------------------------- step
 
     def step(self) -> dict:
@@ -185,8 +223,9 @@ class VllmDouble:
         checks need: the step's scheduled requests with the tokens computed
         before it, and the requests vLLM took as failed loads."""
         so, before = self._schedule()
-        wmeta, finished_sending, invalid = self.execute(so, before)
-        affected = self._update_from_output(so, wmeta, finished_sending, invalid)
+        wmeta, finished_sending, invalid, recving, failed_recving = self.execute(so, before)
+        affected = self._update_from_output(so, wmeta, finished_sending, invalid, recving,
+                                            failed_recving)
         return {"before": before, "affected": affected, "so": so}
 
     def _schedule(self):
@@ -198,12 +237,12 @@ class VllmDouble:
         for req in list(self.running):
             if budget <= 0 or req not in self.running:
                 continue
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = self._chunk(req, req.num_computed_tokens, budget)
             if n <= 0:
                 continue
             while True:
-                need = -(-(req.num_computed_tokens + n) // self.bs) - len(req.block_ids)
-                got = self.pool.alloc(max(0, need))
+                na, ns = self._need(req, req.num_computed_tokens + n)
+                got = self.pool.alloc(na + ns)
                 if got is not None:
                     break
                 victim = self.running[-1]
@@ -212,67 +251,180 @@ class VllmDouble:
                     break
             if req not in self.running:
                 continue
-            req.block_ids += got
+            attn, states = self._append(req, got, na)
             self._cache(req, req.num_computed_tokens + n)
             cached.req_ids.append(req.request_id)
-            cached.new_block_ids.append((got,) if got else None)
+            cached.new_block_ids.append(self._ids(req, attn, states) if got else None)
             cached.num_computed_tokens.append(req.num_computed_tokens)
             num_sched[req.request_id] = n
             budget -= n
-        while self.waiting and budget > 0:
-            req = self.waiting[0]
-            digests = req.digest_chain(self.bs)
-            local = self.pool.hit(digests, (req.num_tokens - 1) // self.bs)
-            ext, _ = self.connector.get_num_new_matched_tokens(req, len(local) * self.bs)
-            computed = len(local) * self.bs + ext
-            n = min(req.num_tokens - computed, budget)
-            need = -(-(computed + n) // self.bs) - len(local)
-            if self.fail_next_alloc:
-                self.fail_next_alloc = False
-                break
-            self.pool.take(local)
-            got = self.pool.alloc(need)
-            if got is None:
-                self.pool.release(local)
-                break
-            self.waiting.pop(0)
-            req.block_ids = local + got
+        i = 0
+        while i < len(self.waiting) and budget > 0:
+            req = self.waiting[i]
+            if req.status == "loading":
+                if req.request_id not in self.received:
+                    i += 1          # its async load has not finished on every rank
+                    continue
+                self.received.discard(req.request_id)
+                req.status = "waiting"
+                if req.num_computed_tokens == 0:   # failed_recving: vLLM's lookup again
+                    self._release(req)
+                else:                              # _update_waiting_for_remote_kv
+                    self._cache(req, req.num_computed_tokens)
+                    self._cache_state(req, req.num_computed_tokens)
+            if req.num_computed_tokens:            # after its load: no lookup
+                computed, ext = req.num_computed_tokens, 0
+                n = self._chunk(req, computed, budget)
+                na, ns = self._need(req, computed + n)
+                got = self.pool.alloc(na + ns)
+                if got is None:
+                    break
+                self._append(req, got, na)
+            else:
+                got = self._admit(req, budget)
+                if got is None:
+                    break
+                computed, ext, n, is_async = got
+                if is_async:
+                    i += 1
+                    continue
+            self.waiting.pop(i)
             req.num_computed_tokens = computed
             self._cache(req, computed + n)
-            blocks = SimpleNamespace(get_block_ids=lambda ids=list(req.block_ids): (ids,))
+            blocks = SimpleNamespace(get_block_ids=lambda ids=self._ids(req, list(req.block_ids),
+                                                                        list(req.state_ids)): ids)
             self.connector.update_state_after_alloc(req, blocks, ext)
             req.status = "running"
             self.running.append(req)
             if req.resumed:
                 cached.req_ids.append(req.request_id)
-                cached.new_block_ids.append((list(req.block_ids),))
+                cached.new_block_ids.append(self._ids(req, list(req.block_ids),
+                                                      list(req.state_ids)))
                 cached.num_computed_tokens.append(computed)
                 cached.resumed_req_ids.add(req.request_id)
                 req.resumed = False
             else:
-                new_reqs.append(SimpleNamespace(req_id=req.request_id, block_ids=[list(req.block_ids)],
-                                                num_computed_tokens=computed))
+                new_reqs.append(SimpleNamespace(
+                    req_id=req.request_id, num_computed_tokens=computed,
+                    block_ids=list(self._ids(req, list(req.block_ids), list(req.state_ids)))))
             num_sched[req.request_id] = n
             budget -= n
+        offers: dict[str, list] = {}
         for rid, n in num_sched.items():
             req = self.requests[rid]
             before[rid] = req.num_computed_tokens
             req.num_computed_tokens += n          # vLLM's _update_after_schedule
+            end = req.num_computed_tokens
+            if self.hybrid and end % self.bs == 0:  # a state computed at a block boundary
+                offers[rid] = [(STATE_GID, req.state_ids[end // self.bs - 1], end)]
         so = SimpleNamespace(scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
                              num_scheduled_tokens=num_sched, preempted_req_ids=set(self.preempted),
-                             finished_req_ids=set(self.finished))
+                             finished_req_ids=set(self.finished),
+                             kv_connector_block_state=SimpleNamespace(
+                                 boundary_state_offloads=offers))
         self.preempted.clear()
         self.finished = []
         return so, before
+
+    def _admit(self, req: Request, budget: int):
+        """A waiting request's lookup (vLLM's, then the connector's) and its
+        blocks: (computed, external, scheduled, async) or None (no room)."""
+        digests = req.digest_chain(self.bs)
+        local = self.pool.hit(digests, (req.num_tokens - 1) // self.bs)
+        lstate = None
+        if self.hybrid:  # the hit ends where the state group caches a state
+            while local and self.pool.cached.get(b"S" + digests[len(local) - 1]) is None:
+                local.pop()
+            lstate = self.pool.cached.get(b"S" + digests[len(local) - 1]) if local else None
+        ext, is_async = self.connector.get_num_new_matched_tokens(req, len(local) * self.bs)
+        is_async = bool(is_async and ext)
+        computed = len(local) * self.bs + ext
+        n = 0 if is_async else self._chunk(req, computed, budget)
+        if self.fail_next_alloc:
+            self.fail_next_alloc = False
+            return None
+        end = computed + n
+        na = -(-end // self.bs) - len(local)
+        # states: the one the request starts from (vLLM's own, or a new block
+        # a load fills) and the one its chunk ends in
+        start_state = computed // self.bs - 1 if computed else None
+        new_start = start_state is not None and (ext or lstate is None)
+        ns = (int(bool(new_start)) + int(n > 0)) if self.hybrid else 0
+        held = local + ([lstate] if self.hybrid and lstate is not None and not new_start else [])
+        self.pool.take(held)
+        got = self.pool.alloc(na + ns)
+        if got is None:
+            self.pool.release(held)
+            return None
+        req.block_ids = local + got[:na]
+        if self.hybrid:
+            states = got[na:]
+            table = [NULL] * (-(-end // self.bs))
+            if start_state is not None:
+                table[start_state] = states.pop(0) if new_start else lstate
+            if n > 0:
+                table[(end - 1) // self.bs] = states.pop(0)
+            req.state_ids = table
+        if is_async:  # WAITING_FOR_REMOTE_KVS: blocks held, nothing cached until it lands
+            req.num_computed_tokens = computed
+            ids = self._ids(req, list(req.block_ids), list(req.state_ids))
+            self.connector.update_state_after_alloc(
+                req, SimpleNamespace(get_block_ids=lambda: ids), ext)
+            req.status = "loading"
+        return computed, ext, n, is_async
+
+    def _chunk(self, req: Request, computed: int, budget: int) -> int:
+        """Tokens to compute this step; hybrid: a chunk ends at a block boundary
+        where it can (``align`` mode: that is where states are kept)."""
+        n = min(req.num_tokens - computed, budget)
+        if self.hybrid:
+            end = (computed + n) // self.bs * self.bs
+            if end > computed:
+                n = end - computed
+        return n
+
+    def _need(self, req: Request, end: int) -> tuple[int, int]:
+        """Blocks to add for `end` tokens: attention, and (hybrid) the state
+        block of the last new position."""
+        na = max(0, -(-end // self.bs) - len(req.block_ids))
+        return na, (1 if self.hybrid and na else 0)
+
+    def _append(self, req: Request, got: list[int], na: int) -> tuple[list[int], list[int]]:
+        attn, states = got[:na], []
+        req.block_ids += attn
+        if self.hybrid and na:
+            states = [NULL] * (na - 1) + got[na:]
+            req.state_ids += states
+        return attn, states
+
+    def _cache_state(self, req: Request, tokens: int) -> None:
+        """The state after `tokens` (a block boundary) in the state group's cache."""
+        if self.hybrid and tokens and tokens % self.bs == 0:
+            k = tokens // self.bs
+            b = req.state_ids[k - 1] if len(req.state_ids) >= k else NULL
+            if b != NULL:
+                self.pool.cache([b], [b"S" + req.digest_chain(self.bs)[k - 1]])
 
     def _cache(self, req: Request, tokens: int) -> None:
         n = min(tokens, req.num_tokens) // self.bs
         self.pool.cache(req.block_ids[:n], req.digest_chain(self.bs)[:n])
 
-    def _update_from_output(self, so, wmeta, finished_sending, invalid) -> set[str]:
+    def _update_from_output(self, so, wmeta, finished_sending, invalid, recving=(),
+                            failed_recving=()) -> set[str]:
         affected: set[str] = set()
+        for rid in failed_recving:  # _handle_failed_recving, recompute policy
+            req = self.requests.get(rid)
+            if req is not None and req.status == "loading":
+                req.num_computed_tokens = 0
+        if invalid and self.hybrid:
+            raise SimFailure("vllm-raises", f"block-level load errors {sorted(invalid)} with "
+                             "several KV-cache groups (vLLM's _handle_invalid_blocks raises)")
         if invalid:
             affected = self._invalid_blocks(self.running, invalid, so.num_scheduled_tokens)
+        for rid in so.num_scheduled_tokens:  # states computed this step are cached now
+            req = self.requests.get(rid)
+            if req is not None and req.status == "running" and rid not in affected:
+                self._cache_state(req, req.num_computed_tokens)
         for rid in so.num_scheduled_tokens:
             req = self.requests.get(rid)
             if req is None or rid in affected or req.status != "running":
@@ -282,23 +434,36 @@ class VllmDouble:
                 if req.outputs >= req.max_new:
                     self.running.remove(req)
                     self._finish(req)
+        for rid in recving:
+            req = self.requests.get(rid)
+            assert req is not None, f"finished_recving for {rid}, which vLLM does not know"
+            if req.status == "loading":
+                self.received.add(rid)
+            else:  # aborted while it loaded: its blocks go now
+                assert req.status == "finished", f"finished_recving for {rid} ({req.status})"
+                if rid in self.loading_aborted:
+                    self.loading_aborted.discard(rid)
+                    self._release(self.delayed_free.pop(rid))
         for rid in finished_sending:
             req = self.delayed_free.pop(rid, None)
             assert req is not None, f"finished_sending for {rid}, which vLLM does not wait for"
-            self.pool.release(req.block_ids)
-            req.block_ids = []
+            self._release(req)
         self.connector.update_connector_output(SimpleNamespace(kv_connector_worker_meta=wmeta))
         return affected
 
     def _finish(self, req: Request) -> None:
+        rid = req.request_id
+        loading = req.status == "loading" and rid not in self.received
+        self.received.discard(rid)
         req.status = "finished"
-        self.finished.append(req.request_id)
+        self.finished.append(rid)
         delay, _ = self.connector.request_finished(req, list(req.block_ids))
-        if delay:
-            self.delayed_free[req.request_id] = req
+        if loading:  # vLLM frees its blocks at its finished_recving
+            self.loading_aborted.add(rid)
+        if delay or loading:
+            self.delayed_free[rid] = req
         else:
-            self.pool.release(req.block_ids)
-            req.block_ids = []
+            self._release(req)
 
     def _invalid_blocks(self, requests, invalid: set[int], num_sched: dict[str, int]) -> set[str]:
         """vLLM 0.32's ``_update_requests_with_invalid_blocks`` under the

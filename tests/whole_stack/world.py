@@ -26,6 +26,7 @@ import torch
 
 import saria.connector.scheduler as sched_mod
 from saria.connector.config import parse_config
+from saria.connector.groups import GroupLayout
 from saria.connector.layout import Geometry
 from saria.connector.meta import Medium, SariaWorkerMetadata
 from saria.connector.ops import OpTracker
@@ -36,7 +37,8 @@ from saria.index import Tier
 from saria.tiers.remote.fleetkey import generate
 from saria.tiers.ssd import slot_bytes_for
 from whole_stack.cluster import FakeCluster
-from whole_stack.pages import GARBAGE, page
+from whole_stack.failures import SimFailure
+from whole_stack.pages import GARBAGE, page, state
 from whole_stack.server import ServerNode
 from whole_stack.vllm_double import Request, VllmDouble
 
@@ -48,14 +50,12 @@ DRAM_SLOTS = 12
 SSD_BLOCKS = 48
 BUDGET = 24       # tokens per step
 OP_TIMEOUT = 20.0
-
-
-class SimFailure(AssertionError):
-    """A broken invariant; ``kind`` names it (shrinking keeps the kind)."""
-
-    def __init__(self, kind: str, detail: str) -> None:
-        super().__init__(f"{kind}: {detail}")
-        self.kind = kind
+# hybrid engines: one recurrent layer, its state (content bytes) in a padded
+# page as vLLM registers a Mamba layer; the null block and state blocks take
+# room in the block pool too
+STATE_LAYER = "s0"
+STATE_PAGE = 48
+HYBRID_BLOCKS = 48
 
 
 class Clock:
@@ -98,7 +98,9 @@ class Rank:
         self.engine = engine
         self.rank = rank
         self.geo = dataclasses.replace(engine.geo, tp_rank=rank)
-        self.kv = {n: torch.full((NUM_BLOCKS, PAGE), GARBAGE, dtype=torch.uint8) for n in LAYERS}
+        blocks = engine.geo.num_gpu_blocks
+        self.kv = {n: torch.full((blocks, PAGE), GARBAGE, dtype=torch.uint8)
+                   for n in LAYERS + ((STATE_LAYER,) if engine.geo.hybrid else ())}
         self.worker = SariaWorker(engine.cfg, engine.vllm_config, self.geo)
         self.fail = False           # this step's copies fail
         self.slow_stores = False    # this step's store copies land late
@@ -143,6 +145,20 @@ class Rank:
         return bool(np.array_equal(self.kv[LAYERS[layer]][block].numpy(),
                                    page(digest, self.rank, layer, PAGE)))
 
+    def write_state(self, req: Request, end: int) -> None:
+        """The recurrent state after `end` tokens, where vLLM keeps it: the
+        state block of the position holding the last of them."""
+        b = req.state_ids[(end - 1) // BS]
+        self.kv[STATE_LAYER][b, :STATE_PAGE] = torch.from_numpy(
+            state(tuple(req.all_token_ids[:end]), self.rank, STATE_PAGE).copy())
+
+    def holds_state(self, req: Request, end: int) -> bool:
+        pos = (end - 1) // BS
+        b = req.state_ids[pos] if pos < len(req.state_ids) else 0
+        return b != 0 and bool(np.array_equal(
+            self.kv[STATE_LAYER][b, :STATE_PAGE].numpy(),
+            state(tuple(req.all_token_ids[:end]), self.rank, STATE_PAGE)))
+
 
 class Engine:
     """vLLM double + saria's scheduler + one worker per rank, on one drive folder."""
@@ -151,7 +167,12 @@ class Engine:
         self.world = world
         self.name = name
         self.tp = tp
-        self.geo = Geometry(BS, PAGE, LAYERS, tp, 0, NUM_BLOCKS, "torch.uint8", "sim-model", "sim")
+        groups = None
+        if world.hybrid:  # vLLM's groups: attention (0) and one recurrent group (1)
+            groups = GroupLayout((0,), (0,), (LAYERS,), PAGE, BS, (1,), ((STATE_LAYER,),),
+                                 STATE_PAGE, PAGE)
+        self.geo = Geometry(BS, PAGE, LAYERS, tp, 0, HYBRID_BLOCKS if world.hybrid else NUM_BLOCKS,
+                            "torch.uint8", "sim-model", "sim", groups)
         engine_id = f"sim-{os.getpid()}-{world.tag}-{name}-{gen}"
         self.vllm_config = SimpleNamespace(
             kv_transfer_config=SimpleNamespace(engine_id=engine_id),
@@ -194,9 +215,12 @@ class Engine:
 
             backend.fetch_remote = fetch_remote
         self.sched.ops = OpTracker(tp, OP_TIMEOUT, clock=world.clock)
-        self.vllm = VllmDouble(self.sched, self._execute, block_size=BS, num_blocks=NUM_BLOCKS,
-                               budget=BUDGET)
+        self.vllm = VllmDouble(self.sched, self._execute, block_size=BS,
+                               num_blocks=self.geo.num_gpu_blocks, budget=BUDGET,
+                               hybrid=world.hybrid)
         self.sending = Counter()     # vLLM's aggregator: finished_sending per rank
+        self.recving = Counter()     # ... and finished_recving
+        self.failed_recving: set[str] = set()
         self.lost_acks: set[int] = set()
         self.dropped = SariaWorkerMetadata()   # lost acks, delivered late (or never)
         self.ssd_read_fail: set[int] = set()
@@ -221,25 +245,35 @@ class Engine:
         wmeta = SariaWorkerMetadata()
         invalid: set[int] = set()
         finished: list[str] = []
+        recving: list[str] = []
+        state_bad: dict[str, str] = {}
         for r in self.ranks:
             w = r.worker
-            reader = w.coordinator.reader if w.coordinator is not None else None
-            if r.rank in self.ssd_read_fail and reader is not None:
-                reader._reader().inject_failure(0, "read", "EIO", count=8)
-            if meta.preempted:
-                w.handle_preemptions(meta)
+            fail = r.rank in self.ssd_read_fail
+            for x in _readers(w) if fail else ():
+                x.inject_failure(0, "read", "EIO", count=8)
+            w.handle_preemptions(meta)   # vLLM's first call of every step
+            if self.geo.hybrid:  # the state each request starts from, before its forward
+                for rid, req in reqs.items():
+                    if before[rid] and not r.holds_state(req, before[rid]):
+                        state_bad.setdefault(rid, f"{rid} starts at token {before[rid]} from "
+                                             f"another recurrent state (rank {r.rank})")
             w.start_load_kv(meta)
             for layer, name in enumerate(LAYERS):
                 w.wait_for_layer_load(name)
                 for rid, req in reqs.items():
                     r.write_forward(layer, req, before[rid] // BS, req.num_computed_tokens // BS)
                 w.save_kv_layer(meta, name)
+            if self.geo.hybrid:
+                for rid, req in reqs.items():
+                    r.write_state(req, req.num_computed_tokens)
             w.wait_for_save(meta)
-            reader = w.coordinator.reader if w.coordinator is not None else None
-            if r.rank in self.ssd_read_fail and reader is not None:
-                reader._reader().inject_failure(0, "read", "EIO", count=0)
-            done, _ = w.get_finished(so.finished_req_ids)
-            finished.extend(done or ())
+            for x in _readers(w) if fail else ():  # a server restart may have made new ones
+                x.inject_failure(0, "read", "EIO", count=0)
+            res = w.get_transfer_results(so.finished_req_ids)
+            finished.extend(res.finished_sending)
+            recving.extend(res.finished_recving)
+            self.failed_recving |= res.failed_recving
             errors = w.get_block_ids_with_load_errors()
             invalid |= errors
             m = w.build_worker_meta()
@@ -264,15 +298,23 @@ class Engine:
                     self.bad[rid] = f"block {i} (KV block {b}) of {rid}: ranks/layers {wrong} " \
                                     f"hold other bytes"
                     break
+        for rid, why in state_bad.items():
+            self.bad.setdefault(rid, why)
         self.sending.update(finished)
         done = [rid for rid, n in self.sending.items() if n >= self.tp]
         for rid in done:
             del self.sending[rid]
+        self.recving.update(recving)   # vLLM's aggregator: every rank's, then failed ones
+        received = {rid for rid, n in self.recving.items() if n >= self.tp}
+        for rid in received:
+            del self.recving[rid]
+        failed_recving = self.failed_recving & received
+        self.failed_recving -= failed_recving
         for f in (self.ssd_read_fail, self.lost_acks):
             f.clear()
         for r in self.ranks:
             r.fail = r.slow_stores = False
-        return wmeta, done, invalid
+        return wmeta, done, invalid, received, failed_recving
 
     def step(self) -> None:
         down = self.world.node is not None and not self.world.node.answering
@@ -339,8 +381,10 @@ class World:
     """Engines on one node, driven by a list of events."""
 
     def __init__(self, *, engines: tuple[int, ...] = (1, 2), admission: str = "full-duplicate",
-                 tag: str = "", cluster: bool = False, server: bool = False) -> None:
+                 tag: str = "", cluster: bool = False, server: bool = False,
+                 hybrid: bool = False) -> None:
         self.clock = Clock()
+        self.hybrid = hybrid
         self.cluster = FakeCluster() if cluster else None
         self.admission = admission
         self.tag = tag or os.urandom(3).hex()
@@ -538,10 +582,15 @@ class World:
             if e.sched.reqs:
                 raise SimFailure("leak", f"{e.name}: scheduler still tracks {sorted(e.sched.reqs)}")
             used = g["dram_used_slots"] - e.cache.staging_slots  # staging is reserved up front
-            if used != st.resident["DRAM"]:
+            ck = e.cache.index.dump()["ckpt"] if self.hybrid else np.zeros(0, np.uint8)
+            units = e.cache.backend.state_units
+            ck_dram = int(np.count_nonzero(ck & Tier.DRAM.bit)) * units
+            if used != st.resident["DRAM"] + ck_dram:
                 raise SimFailure("leak", f"{e.name}: {used} DRAM slots used outside staging, "
-                                 f"{st.resident['DRAM']} held by the index")
-            held = st.resident["SSD"] + len(e.cache.backend.recovered)
+                                 f"{st.resident['DRAM']} held by the index, {ck_dram} by "
+                                 "its checkpoints")
+            held = (st.resident["SSD"] + len(e.cache.backend.recovered)
+                    + int(np.count_nonzero(ck & Tier.SSD.bit)) * units)
             if g["ssd_slots"] - g["ssd_free_slots"] != held:
                 raise SimFailure("leak", f"{e.name}: {g['ssd_slots'] - g['ssd_free_slots']} SSD "
                                  f"slots used, {held} held")
@@ -597,6 +646,13 @@ REMOTE = {"master": "127.0.0.1:1", "metadata_server": "http://127.0.0.1:1/metada
           "breaker_failures": 3, "breaker_cooldown_s": 0.5, "segment_bytes": 0,
           "fleet_key_env": "SARIA_SIM_FLEET_KEY"}  # rows are signed (set below)
 os.environ.setdefault("SARIA_SIM_FLEET_KEY", generate(1))
+
+
+def _readers(w: SariaWorker) -> list:
+    """The SSD stores a worker reads from: KV pages' and checkpoints'."""
+    reader = w.coordinator.reader if w.coordinator is not None else None
+    return [x._reader() for x in (reader, w.states)
+            if x is not None and (x is reader or x.ssd_dirs)]
 
 
 def _owes(client) -> bool:
