@@ -118,7 +118,7 @@ def test_prometheus_endpoint_and_vllm_stats(model, monkeypatch):
     for d in seen:
         total.aggregate(type(total)(data=d))
     assert total.reduce()["dram_hit_blocks"] == 9 and total.reduce()["stored_blocks"] == 9
-    assert len(seen) > 2
+    assert len(seen) >= 2   # one per step that moved something (a step that did not says nothing)
 
 
 def test_connector_by_name_through_the_plugin_entry_point(model):

@@ -53,11 +53,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from saria.cli.bench_reload_cmd import add_reload_parser
     from saria.cli.bench_remote_cmd import add_remote_parser
     from saria.cli.bench_restart_cmd import add_restart_parser
+    from saria.cli.bench_steps_cmd import add_steps_parser
 
     add_io_parser(sub)
     add_reload_parser(sub)
     add_restart_parser(sub)
     add_remote_parser(sub)
+    add_steps_parser(sub)
     sv = sub.add_parser("serve", help="saria serve: lookup round trip and a load test",
                         description="Lookup round trip (8/128/1024 keys) to a saria serve "
                         "process against the in-process call, then a load test of N client "

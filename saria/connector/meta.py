@@ -123,6 +123,9 @@ class SariaMetadata(KVConnectorMetadata):
     unfilled: list[int] = field(default_factory=list)
     # hybrid models: recurrent-state checkpoints to load / store (``states.py``)
     states: list[StateCopy] = field(default_factory=list)
+    # blocks the scheduler asked the cache to store this step (copied or held
+    # already): only for telling a step with a store due from an idle one
+    stores_due: int = 0
 
 
 @dataclass

@@ -83,6 +83,10 @@ class _Req:
     cacheable: bool = True
     # SSD hits of its completed load, for promotion after prefill: (positions, DRAM blocks)
     promotable: tuple[np.ndarray, int] | None = None
+    # async loads (several KV-cache groups): one failed, so vLLM recomputes the
+    # request and is offered no load for it again (a persistent cause -- a copy
+    # that always fails, a pool that cannot be mapped -- would loop otherwise)
+    load_failed: bool = False
     # write-through blocks DRAM did not keep, waiting for staging slots: (key chain, positions)
     direct: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
 
@@ -124,6 +128,8 @@ class SariaScheduler:
         self._finishing: dict[str, _Req] = {}    # finished before their load was reported
         self._loads: list[Transfer] = []
         self._states: list = []                  # state checkpoints to load (hybrid models)
+        self._checked = 0                        # this step's blocks asked to be stored
+        self._stats_mark: tuple | None = None     # what the last take_stats saw
         self._late_stores: list[Transfer] = []   # promotions of requests that finished
         self._delayed: list[str] = []
         self._tokens_of: dict[bytes, tuple[tuple[int, ...], object]] = {}
@@ -206,7 +212,7 @@ class SariaScheduler:
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         st = self._req(request)
-        if not st.cacheable:
+        if not st.cacheable or st.load_failed:
             return 0, False
         local = num_computed_tokens // self.block_size
         limit = (request.num_tokens - 1) // self.block_size  # vLLM must compute >= 1 token
@@ -264,6 +270,8 @@ class SariaScheduler:
         stores, self._late_stores = self._late_stores, []
         for rid in getattr(so, "preempted_req_ids", None) or ():
             st = self.reqs.get(rid)
+            if st is not None:
+                st.promotable = None  # its pages are freed: nothing left to promote from
             if st is not None and st.direct:
                 # vLLM freed its KV pages: waves not copied yet would read
                 # whatever the pages hold next and write it under these keys
@@ -295,8 +303,9 @@ class SariaScheduler:
                              preempted=sorted(getattr(so, "preempted_req_ids", None) or ()),
                              pool_id=self.pool_id, server_pool=self._server_pool(),
                              server_epoch=self._epoch(), server_fence=self._fence(),
-                             unfilled=self._attended_unfilled(so), states=states)
-        self._loads, self._delayed = [], []
+                             unfilled=self._attended_unfilled(so), states=states,
+                             stores_due=self._checked)
+        self._loads, self._delayed, self._checked = [], [], 0
         return meta
 
     def update_connector_output(self, out) -> None:
@@ -323,11 +332,13 @@ class SariaScheduler:
         st = self.reqs.pop(rid, None)
         if st is not None:
             self._cancel(st)
-            if self.ops.loads_pending(rid) and not self.geo.async_loads:
+            if self.ops.loads_pending(rid) and self.geo.async_loads:
+                # vLLM keeps an async load's pages itself until its finished_recving
+                # and frees them then: a delay here would free them twice
+                return False, None
+            if self.ops.loads_pending(rid):
                 # vLLM reports a request finished before the load it ran in the
                 # same step: its outcome decides the promotion, so keep the pages.
-                # (An async load's pages vLLM keeps itself until the load's
-                # finished_recving; no promotion runs with several groups.)
                 self._finishing[rid] = st
                 self.counters["delayed_frees"] += 1
                 return True, None
@@ -376,6 +387,16 @@ class SariaScheduler:
         return events
 
     def take_stats(self):
+        # vLLM asks every step: a step that moved nothing says nothing (and
+        # builds no dict of every counter to find that out)
+        st = self.cache.stats
+        mark = (tuple(self.counters.values()), st.hit_blocks["DRAM"], st.hit_blocks["SSD"],
+                st.stored_blocks, st.promoted_blocks, st.dram_evictions, st.ssd_evictions,
+                st.ssd_write_blocks, st.ssd_write_failures, st.ssd_read_failures,
+                st.writes_dropped)
+        if mark == self._stats_mark:
+            return None
+        self._stats_mark = mark
         return self._deltas.take(cumulative(self))
 
     def shutdown(self) -> None:
@@ -409,6 +430,7 @@ class SariaScheduler:
         op: a DRAM -> KV and an SSD -> KV transfer."""
         spec, st.load = st.load, None
         spec.start = local
+        st.promotable = None  # an earlier admission's: its pages are not these
         pos = np.arange(local, local + n_ext)
         op_id = self.ops.start("load", rid, spec)
         for medium, tier in ((Medium.DRAM, Tier.DRAM), (Medium.SSD, Tier.SSD)):
@@ -430,6 +452,7 @@ class SariaScheduler:
         self.hasher.extend(st.chain, st.request, full)
         full = min(full, len(st.chain), len(st.block_ids), hybrid.storable(st, full))
         if full > st.stored:
+            self._checked += full - st.stored   # the step has a store due, held or not
             direct = self.cache.staging_slots > 0
             spec = self.cache.prepare_store(st.chain.array[:full], st.stored, direct=direct)
             st.stored = full
@@ -526,6 +549,8 @@ class SariaScheduler:
         if not ok:  # a copy failed (not an SSD block): vLLM recomputes, the cache keeps its copies
             self.cache.cancel_load(spec)
             self.counters["load_failures"] += 1
+            if st is not None and self.geo.async_loads:
+                st.load_failed = True
             if op.failed == 0:  # expired: no rank said so (a failed report marked them)
                 self._mark_unfilled(st, np.arange(spec.start, spec.num_blocks))
             return
@@ -537,7 +562,11 @@ class SariaScheduler:
             served = self.cache.complete_load(spec, failed, state_failed=True)
         else:
             served = self.cache.complete_load(spec, failed)
-        if st is not None:
+        if st is not None and self.geo.async_loads and bad.size:
+            # vLLM discarded the whole load (failed_recving) and recomputes it
+            st.load_failed = True
+            st.stored = min(st.stored, spec.start)
+        elif st is not None:
             # vLLM recomputes from the first bad block: store what it recomputes.
             st.stored = min(st.stored, served)
             ssd = spec.positions(Tier.SSD)
@@ -558,6 +587,8 @@ class SariaScheduler:
             return
         spec: LoadSpec = op.spec
         st = self.reqs.get(op.req_id) or self._finishing.get(op.req_id)
+        if st is not None and self.geo.async_loads:
+            st.load_failed = True  # vLLM got the failure in this step: no load for it again
         if bad is None:
             self._mark_unfilled(st, np.arange(spec.start, spec.num_blocks))
             return

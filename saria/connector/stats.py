@@ -87,9 +87,26 @@ def cumulative(sched) -> dict[str, int]:
            "ssd_write_blocks": s.ssd_write_blocks, "ssd_write_failures": s.ssd_write_failures,
            "ssd_read_failures": s.ssd_read_failures, "writes_dropped": s.writes_dropped}
     out.update(sched.counters)
-    out.update({k: int(v) for k, v in c.gauges().items() if k.startswith("ssd_bytes_")
-                and k.rsplit("_", 1)[-1].startswith("drive")})
+    if sched.cfg.server is None:
+        out.update(_drive_bytes(sched))
     return out
+
+
+def _drive_bytes(sched) -> dict[str, int]:
+    """Per-drive bytes of this engine's own drives (a server's drives are the
+    node's: its own metrics say them, and asking would put an RPC on every
+    decode step). Read again only when the SSD traffic the cache counts moved:
+    ``gauges`` takes the cache's lock and walks the store, every step (vLLM
+    asks for stats each step) -- a third of an idle step's connector time."""
+    s = sched.cache.stats
+    key = (s.ssd_write_blocks, s.hit_blocks["SSD"], s.ssd_read_failures, s.ssd_write_failures,
+           s.writes_dropped, s.stored_blocks)
+    held = getattr(sched, "_drive_bytes_at", None)
+    if held is None or held[0] != key:
+        held = (key, {k: int(v) for k, v in sched.cache.gauges().items()
+                      if k.startswith("ssd_bytes_") and k.rsplit("_", 1)[-1].startswith("drive")})
+        sched._drive_bytes_at = held
+    return held[1]
 
 
 class Deltas:

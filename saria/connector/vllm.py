@@ -85,6 +85,41 @@ class SariaConnector(KVConnectorBase_V1, SupportsHMA):
             from saria.connector.worker import SariaWorker
 
             self._worker = SariaWorker(self.cfg, vllm_config, geo)
+        self.hook_clock = None
+        if self.cfg.hook_timing:
+            self._time_hooks(role)
+
+    def _time_hooks(self, role) -> None:
+        """``hook_timing``: every hook of this instance timed (``hooktime.py``);
+        the step closes at ``build_connector_meta`` (scheduler) or
+        ``get_transfer_results`` (worker), charged to the kind of its metadata."""
+        from saria.connector.hooktime import SCHEDULER_HOOKS, WORKER_HOOKS, HookClock, step_kind
+
+        sched = role == KVConnectorRole.SCHEDULER
+        client = getattr(self._scheduler.cache, "client", None) if sched else None
+        clock = self.hook_clock = HookClock(
+            "scheduler" if sched else "worker",
+            rpc_count=(lambda: sum(client.calls.values())) if client is not None else None)
+        clock.wrap(self, SCHEDULER_HOOKS if sched else WORKER_HOOKS)
+        if sched:  # the closing hook's own time is the step's too: close after it
+            build = self.build_connector_meta
+
+            def build_connector_meta(so):
+                meta = build(so)
+                clock.close_step(step_kind(meta))
+                return meta
+
+            self.build_connector_meta = build_connector_meta
+            return
+        results = self.get_transfer_results
+
+        def get_transfer_results(finished_req_ids):
+            meta = self._connector_metadata  # still bound: vLLM clears it after the output
+            out = results(finished_req_ids)
+            clock.close_step(step_kind(meta) if isinstance(meta, SariaMetadata) else "idle")
+            return out
+
+        self.get_transfer_results = get_transfer_results
 
     @property
     def requires_kv_delivery(self) -> bool:

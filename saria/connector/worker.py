@@ -25,6 +25,7 @@ cache core), so loads and stores of one step never meet in a slot.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections import defaultdict
@@ -98,6 +99,7 @@ class SariaWorker:
         self._delayed: set[str] = set()
         self._meta: SariaMetadata | None = None  # the step's metadata, once begun
         self._deltas = Deltas()
+        self._stats_mark: tuple | None = None  # what the last take_stats saw
         self.bytes_stored = 0
         self._kv_caches = None
         self.states = None                      # recurrent-state checkpoints (hybrid models)
@@ -202,13 +204,17 @@ class SariaWorker:
         self._step = self.coordinator.run(dram, ssd)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        if self._step is None:  # no load this step: return at once (every layer asks)
+            return
         layer = self.copier.pages.name_index.get(layer_name) if self.copier else None
-        if layer is None or self._step is None:
+        if layer is None:
             return
         self._step.layer_ready(layer)
 
     def save_kv_layer(self, meta: SariaMetadata, layer_name: str) -> None:
         self._begin(meta)
+        if not meta.stores:  # nothing to copy out this step (most decode steps)
+            return
         layer = self.copier.pages.name_index.get(layer_name) if self.copier else None
         if layer is not None:
             self._submit_stores(layer)
@@ -216,9 +222,11 @@ class SariaWorker:
     def wait_for_save(self, meta: SariaMetadata) -> None:
         """Queues what no ``save_kv_layer`` call covered this step; does not wait."""
         self._begin(meta)
-        for layer in range(self.geo.num_layers):
-            self._submit_stores(layer)
-        self._store_states(meta)
+        if meta.stores:
+            for layer in range(self.geo.num_layers):
+                self._submit_stores(layer)
+        if meta.states:
+            self._store_states(meta)
         self._finish_loads()
 
     def handle_preemptions(self, meta: SariaMetadata) -> None:
@@ -233,21 +241,24 @@ class SariaWorker:
                     f.exception()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        self._collect_stores()
-        busy = {t.req_id for t, _ in self._pending.values()}
-        done = {r for r in self._delayed if r not in busy}
-        self._delayed -= done
+        done = None
+        if self._pending:
+            self._collect_stores()
+        elif self._fence.holding:
+            self._release_fence()
+        if self._delayed:
+            busy = {t.req_id for t, _ in self._pending.values()}
+            done = {r for r in self._delayed if r not in busy}
+            self._delayed -= done
         recving, self._recving = self._recving, set()
         return (done or None), (recving or None)
 
     def get_transfer_results(self, finished_req_ids: set[str]):
         """``get_finished`` with the async loads that failed (every rank
         reports each async load it ran, failed or not, in the same step)."""
-        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
-
         sending, recving = self.get_finished(finished_req_ids)
         failed, self._failed_recving = self._failed_recving, set()
-        return KVConnectorTransferResults(finished_sending=set(sending or ()),
+        return _transfer_results()(finished_sending=set(sending or ()),
                                           finished_recving=set(recving or ()),
                                           failed_recving=failed)
 
@@ -256,12 +267,22 @@ class SariaWorker:
         return out
 
     def build_worker_meta(self) -> SariaWorkerMetadata | None:
-        self._collect_stores()
+        if self._pending:
+            self._collect_stores()
+        elif self._fence.holding:
+            self._release_fence()
+        if not (self._done.done or self._done.failed):
+            return None  # nothing to report: no new object either
         out, self._done = self._done, SariaWorkerMetadata()
-        return out if (out.done or out.failed) else None
+        return out
 
     def take_stats(self):
         c = self.coordinator
+        # vLLM asks every step: nothing moved since the last answer, nothing to say
+        mark = (self.bytes_stored, tuple(c.totals.values()) if c is not None else ())
+        if mark == self._stats_mark:
+            return None
+        self._stats_mark = mark
         now = {"bytes_stored": self.bytes_stored}
         if c is not None:
             t = c.totals
@@ -427,3 +448,11 @@ class SariaWorker:
             return False
         self._done.done[op_id] += 1
         return True
+
+
+@functools.cache
+def _transfer_results():
+    """vLLM's ``KVConnectorTransferResults`` (imported once, off the step path)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
+
+    return KVConnectorTransferResults

@@ -44,6 +44,7 @@ import itertools
 import os
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,6 +128,7 @@ class RemoteCache:
         self.boot: str | None = None
         self.info: dict = {}
         self.reconnects = 0
+        self.calls: Counter = Counter()  # op -> calls sent by the engine (not the heartbeat's)
         self.breaker = Breaker(address)
         self._debts: list[tuple[str | None, str | None, str, dict]] = []  # boot, session, op, args
         self._hello()
@@ -319,6 +321,7 @@ class RemoteCache:
                     self._owe(list(settle))
                 raise BreakerOpen(f"saria server at {self.address}: not answering (breaker "
                                   f"open); {op} skipped")
+            self.calls[op] += 1
             try:
                 if self._debts:
                     self._pay_debts()

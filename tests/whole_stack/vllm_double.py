@@ -18,8 +18,8 @@ Modelled on vLLM 0.32 (``vllm/v1/core/sched/scheduler.py``,
   of the last running request when blocks run out, resumed requests;
 * ``update_from_output``: invalid blocks handled first
   (``_update_requests_with_invalid_blocks``, copied), then sampled tokens,
-  finished requests (``request_finished``, delayed frees until every rank
-  reported ``finished_sending``), then ``update_connector_output``.
+  finished requests (``request_finished``), then ``update_connector_output``,
+  then the frees of requests every rank reported in ``finished_sending``.
 
 Hybrid mode (``hybrid=True``): a second KV-cache group of recurrent states
 (vLLM's ``MambaSpec`` in ``align`` mode), so that checkpoints meet the
@@ -434,6 +434,8 @@ class VllmDouble:
                 if req.outputs >= req.max_new:
                     self.running.remove(req)
                     self._finish(req)
+        # _update_from_kv_xfer_finished: the connector hears first, then the frees
+        self.connector.update_connector_output(SimpleNamespace(kv_connector_worker_meta=wmeta))
         for rid in recving:
             req = self.requests.get(rid)
             assert req is not None, f"finished_recving for {rid}, which vLLM does not know"
@@ -448,7 +450,6 @@ class VllmDouble:
             req = self.delayed_free.pop(rid, None)
             assert req is not None, f"finished_sending for {rid}, which vLLM does not wait for"
             self._release(req)
-        self.connector.update_connector_output(SimpleNamespace(kv_connector_worker_meta=wmeta))
         return affected
 
     def _finish(self, req: Request) -> None:
