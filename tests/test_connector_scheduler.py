@@ -416,3 +416,24 @@ def test_a_block_a_forward_wrote_in_part_is_still_unfilled(make_scheduler):
     assert s.build_connector_meta(step_b(4 * BS + 2, BS - 2)).unfilled == []
     d = fake_request("d", PROMPT + [2])
     assert s.build_connector_meta(new_step(d, [7, 8, 9, 10, 11, 14], 5 * BS, 4)).unfilled == []
+
+
+def test_a_summary_line_reaches_the_log_every_interval(make_scheduler, caplog):
+    """issue 45: an operator reading vLLM's log sees what the cache did."""
+    import logging
+
+    s = make_scheduler(log_interval_s=2.0)
+    req = fake_request("r1", list(range(3 * BS + 1)))
+    s.get_num_new_matched_tokens(req, 0)
+    s.update_state_after_alloc(req, blocks([1, 2, 3, 4]), 0)
+    with caplog.at_level(logging.INFO, logger="saria.connector"):
+        import time
+
+        time.sleep(2.1)
+        s.build_connector_meta(new_step(req, [1, 2, 3, 4], 0, 3 * BS + 1))
+        s.build_connector_meta(new_step(req, [1, 2, 3, 4], 0, 0))   # within the interval
+    lines = [r.getMessage() for r in caplog.records
+             if "prompt tokens from the cache" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(f"saria: 0 of {3 * BS + 1} prompt tokens"), lines
+    quiet = make_scheduler(log_interval_s=0)
+    assert quiet.cfg.log_interval_s == 0

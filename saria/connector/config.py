@@ -25,6 +25,8 @@ coordinator        how a worker runs a load's DRAM copies and SSD reads: serial,
 ingress_bytes_per_s  the GPU's ingress link for pacing (default: the DRAM copy
                    rate the worker measures, i.e. copies alone fill the link)
 events             keep KV events for ``take_events`` (true)
+log_interval_s     seconds between the one-line summaries in vLLM's log (hits by
+                   tier, stores, SSD writes, failures; 60; 0: none)
 hook_timing        time every connector hook, by kind of step (false;
                    ``hooktime.py``, ``saria bench steps``)
 metrics_port       serve Prometheus metrics on this port (none; 0: a port the OS
@@ -78,7 +80,7 @@ from saria.units import parse_size
 
 KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admission",
         "promotion", "promotion_r", "promotion_min_age_s", "write_queue", "op_timeout_s", "coordinator",
-        "ingress_bytes_per_s", "events", "hook_timing", "metrics_port", "metrics_host", "dwpd", "config_file", "server",
+        "ingress_bytes_per_s", "events", "log_interval_s", "hook_timing", "metrics_port", "metrics_host", "dwpd", "config_file", "server",
         "server_timeout_s", "engine_name", "remote", "server_curve_secret", "server_curve_key",
         "server_uid", "server_ssd_roots")
 
@@ -122,6 +124,7 @@ class ConnectorConfig:
     ingress_bytes_per_s: float | None = None
     events: bool = True
     hook_timing: bool = False
+    log_interval_s: float = 60.0
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     dwpd: float = 1.0
@@ -249,6 +252,9 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
     events = raw.get("events", True)
     if not isinstance(events, bool):
         raise ConfigError("events", f"must be true or false, got {events!r}")
+    every = raw.get("log_interval_s", 60.0)
+    if isinstance(every, bool) or not isinstance(every, (int, float)) or every < 0:
+        raise ConfigError("log_interval_s", f"must be seconds (0: no summary), got {every!r}")
     timing = raw.get("hook_timing", False)
     if not isinstance(timing, bool):
         raise ConfigError("hook_timing", f"must be true or false, got {timing!r}")
@@ -275,7 +281,7 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
         promotion_r=float(r), promotion_min_age_s=age if age == "auto" else float(age), write_queue=wq,
         op_timeout_s=float(timeout), coordinator=coordinator,
         ingress_bytes_per_s=None if ingress is None else float(ingress), events=events,
-        hook_timing=timing,
+        hook_timing=timing, log_interval_s=float(every),
         metrics_port=port, metrics_host=mhost, dwpd=float(dwpd), server=server, server_timeout_s=float(stimeout),
         engine_name=name, remote=remote, extra=dict(extra or {}), **security)
 

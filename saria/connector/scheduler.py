@@ -130,6 +130,7 @@ class SariaScheduler:
         self._states: list = []                  # state checkpoints to load (hybrid models)
         self._checked = 0                        # this step's blocks asked to be stored
         self._stats_mark: tuple | None = None     # what the last take_stats saw
+        self._next_summary = time.monotonic() + cfg.log_interval_s
         self._late_stores: list[Transfer] = []   # promotions of requests that finished
         self._delayed: list[str] = []
         self._tokens_of: dict[bytes, tuple[tuple[int, ...], object]] = {}
@@ -306,7 +307,23 @@ class SariaScheduler:
                              unfilled=self._attended_unfilled(so), states=states,
                              stores_due=self._checked)
         self._loads, self._delayed, self._checked = [], [], 0
+        if self.cfg.log_interval_s and time.monotonic() >= self._next_summary:
+            self._summary()
         return meta
+
+    def _summary(self) -> None:
+        """One line in vLLM's log every ``log_interval_s``: what the cache did
+        since start, for an operator who reads the log, not a dashboard."""
+        self._next_summary = time.monotonic() + self.cfg.log_interval_s
+        s, c = self.cache.stats, self.counters
+        q = c["query_tokens"]
+        log.info("saria: %d of %d prompt tokens from the cache (%.1f%%; blocks from DRAM %d, "
+                 "SSD %d), %d blocks stored, %d written to the SSD; failures: %d loads, "
+                 "%d stores, %d SSD reads, %d SSD writes, %d writes dropped",
+                 c["hit_tokens"], q, 100 * c["hit_tokens"] / q if q else 0.0,
+                 s.hit_blocks["DRAM"], s.hit_blocks["SSD"], s.stored_blocks, s.ssd_write_blocks,
+                 c["load_failures"], c["store_failures"], s.ssd_read_failures,
+                 s.ssd_write_failures, s.writes_dropped)
 
     def update_connector_output(self, out) -> None:
         wm = getattr(out, "kv_connector_worker_meta", None)
