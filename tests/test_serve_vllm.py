@@ -112,6 +112,26 @@ def test_engine_b_never_reads_what_engine_a_is_still_copying(model, want, tmp_pa
         assert srv.stop() == 0
 
 
+def _wait_for_drive(address: str, blocks: int, timeout_s: float = 60.0) -> None:
+    """Waits until the server's SSD tier holds `blocks` blocks written and
+    journaled (nothing queued, the journal no longer growing): a fixed sleep
+    was too short on a loaded CI machine, and the restart then found nothing."""
+    import time
+
+    from saria.serve.client import server_stats
+
+    deadline, last = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        for g in server_stats(address)["namespaces"].values():
+            used = g.get("ssd_slots", 0) - g.get("ssd_free_slots", 0)
+            now = (used, g.get("ssd_journal_bytes_written", 0))
+            if used >= blocks and g.get("ssd_write_queue", 1) == 0 and now == last:
+                return
+            last = now
+        time.sleep(0.25)
+    raise AssertionError(f"the server's drive did not get {blocks} blocks in {timeout_s:g} s")
+
+
 def test_a_server_restart_under_a_running_engine(model, want, tmp_path):
     """SIGKILL the server between two requests of a running engine: the
     engine recomputes (same output, nothing cached) instead of failing; the
@@ -127,9 +147,7 @@ def test_a_server_restart_under_a_running_engine(model, want, tmp_path):
     try:
         got, cached = c.result()
         assert cached == 0 and same_greedy(got, want)
-        import time
-
-        time.sleep(1.0)                     # the write-through reaches the drive
+        _wait_for_drive(srv.address, FULL // BS)
         srv.stop(signal.SIGKILL)
         open(cue1, "w").close()
         got, cached = c.result()            # no server: recomputed
