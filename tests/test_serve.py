@@ -14,6 +14,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import msgpack
@@ -126,6 +127,27 @@ def test_a_second_engine_reads_what_the_first_stored(server):
     assert snap["engines"]["B"]["dram_hit_blocks"] == 12
     assert snap["sessions"] == 2
     a.close(), b.close()
+
+
+def test_an_engine_started_before_its_server_waits_for_its_hello(tmp_path):
+    """A client whose server is not up yet (a node's units starting side by
+    side) retries its hello for ``start_s`` and gets its session once the
+    server answers; without a server it gives up then, saying so."""
+    srv = Server(tmp_path)
+    threading.Timer(1.5, srv.start).start()
+    try:
+        c = RemoteCache(srv.address, LAYOUT, name="early", start_s=30.0)
+        keys = chain(3, 4)
+        assert store(c, keys) == 4 and c.lookup(keys).num_blocks == 4
+        c.close()
+    finally:
+        while srv.proc is None:
+            time.sleep(0.05)
+        assert srv.stop() == 0
+    t0 = time.monotonic()
+    with pytest.raises(ServerUnavailable, match=r"retried for 1 s"):
+        RemoteCache(f"ipc://{tmp_path}/nobody.sock", LAYOUT, timeout_s=0.2, start_s=1.0)
+    assert time.monotonic() - t0 >= 1.0
 
 
 def test_different_layouts_never_mix(server, tmp_path):

@@ -40,6 +40,8 @@ server             the address of a ``saria serve`` (``ipc://...``, ``tcp://...`
                    server's, and dram_bytes / ssd_* / admission / promotion /
                    dwpd must not be set here (none: an in-process cache)
 server_timeout_s   deadline of each call to the server; a miss past it (1.0)
+server_start_s     how long an engine's start waits for its server's hello
+                   reply, retrying (a server still starting, or busy) (10)
 engine_name        this engine's name in the server's figures ("vllm")
 server_curve_secret  this engine's CurveZMQ NAME.key_secret (``saria serve
                    keygen``), for a ``tcp://`` server (none)
@@ -81,7 +83,7 @@ from saria.units import parse_size
 KEYS = ("dram_bytes", "ssd_dirs", "ssd_bytes", "hash_seed", "hash_algo", "admission",
         "promotion", "promotion_r", "promotion_min_age_s", "write_queue", "op_timeout_s", "coordinator",
         "ingress_bytes_per_s", "events", "log_interval_s", "hook_timing", "metrics_port", "metrics_host", "dwpd", "config_file", "server",
-        "server_timeout_s", "engine_name", "remote", "server_curve_secret", "server_curve_key",
+        "server_timeout_s", "server_start_s", "engine_name", "remote", "server_curve_secret", "server_curve_key",
         "server_uid", "server_ssd_roots")
 
 
@@ -130,6 +132,7 @@ class ConnectorConfig:
     dwpd: float = 1.0
     server: str | None = None
     server_timeout_s: float = 1.0
+    server_start_s: float = 10.0
     engine_name: str = "vllm"
     remote: dict | None = None  # RemoteSettings.from_mapping's keys (checked at parse)
     # what the engine checks of its server (saria.serve.auth.ClientSecurity)
@@ -181,10 +184,8 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
             raise ConfigError(owned[0], "is the server's setting (saria serve --...); do not set "
                               "it beside 'server'")
         raw["dram_bytes"] = 1  # the server's pool; checked by nothing here
-    stimeout = raw.get("server_timeout_s", 1.0)
-    if isinstance(stimeout, bool) or not isinstance(stimeout, (int, float)) or not stimeout > 0:
-        raise ConfigError("server_timeout_s", f"must be a positive number of seconds, got "
-                          f"{stimeout!r}")
+    stimeout, sstart = (_seconds(raw, k, d) for k, d in (("server_timeout_s", 1.0),
+                                                           ("server_start_s", 10.0)))
     name = raw.get("engine_name", "vllm")
     if not isinstance(name, str) or not name:
         raise ConfigError("engine_name", f"must be a non-empty string, got {name!r}")
@@ -282,8 +283,15 @@ def parse_config(extra: dict[str, Any] | None) -> ConnectorConfig:
         op_timeout_s=float(timeout), coordinator=coordinator,
         ingress_bytes_per_s=None if ingress is None else float(ingress), events=events,
         hook_timing=timing, log_interval_s=float(every),
-        metrics_port=port, metrics_host=mhost, dwpd=float(dwpd), server=server, server_timeout_s=float(stimeout),
+        metrics_port=port, metrics_host=mhost, dwpd=float(dwpd), server=server, server_timeout_s=stimeout, server_start_s=sstart,
         engine_name=name, remote=remote, extra=dict(extra or {}), **security)
+
+
+def _seconds(raw: dict, key: str, default: float) -> float:
+    v = raw.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+        raise ConfigError(key, f"must be a positive number of seconds, got {v!r}")
+    return float(v)
 
 
 def _server_security(raw: dict) -> dict:

@@ -59,6 +59,10 @@ class OpTracker:
         self._ops: dict[int, PendingOp] = {}
         self._next = 0
 
+    def now(self) -> float:
+        """The clock the deadlines run on."""
+        return self._clock()
+
     def start(self, kind: str, req_id: str, spec: Any) -> int:
         """Registers a new op; returns its id (unique within the engine)."""
         self._next += 1

@@ -49,7 +49,7 @@ class ServerCache:
             dp = getattr(par, "data_parallel_rank", 0)
         self.client = RemoteCache(cfg.server, server_layout(geo, cfg),
                                   name=f"{cfg.engine_name}-dp{dp}", dp_rank=int(dp), tp_rank=0,
-                                  timeout_s=cfg.server_timeout_s,
+                                  timeout_s=cfg.server_timeout_s, start_s=cfg.server_start_s,
                                   security=cfg.client_security())
         self.stats = CacheStats()
         self.failures = 0
@@ -74,6 +74,11 @@ class ServerCache:
     @property
     def staging_slots(self) -> int:
         return self.client.staging_slots
+
+    @property
+    def reachable(self) -> bool:
+        """False while the client's breaker is open (the server missed a deadline)."""
+        return not self.client.breaker.is_open
 
     # ----------------------------------------------------------------- verbs
 

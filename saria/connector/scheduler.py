@@ -89,6 +89,7 @@ class _Req:
     load_failed: bool = False
     # write-through blocks DRAM did not keep, waiting for staging slots: (key chain, positions)
     direct: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
+    drain_by: float = 0.0              # finished: its waves still to copy are dropped then
 
 
 @dataclass
@@ -368,6 +369,7 @@ class SariaScheduler:
         if st is not None:
             self._promote(st, rid, self._late_stores)
             if st.direct:  # its pages stay until the last wave is copied
+                st.drain_by = self.ops.now() + self.ops.timeout_s
                 self._draining[rid] = st
                 self.counters["delayed_frees"] += not counted
                 return True, None
@@ -491,14 +493,19 @@ class SariaScheduler:
     def _drain_direct(self, out: list[Transfer]) -> None:
         """Direct writes waiting for staging slots: as many as are free go
         out as copies into staging this step; a finished request whose last
-        wave left is freed once the workers report it."""
+        wave left is freed once the workers report it. A finished request's
+        KV pages are vLLM's: it waits for staging at most the op deadline,
+        and not at all while the cache server is unreachable -- a down or
+        full server must not keep them (its waves are dropped, counted)."""
+        staging_left = True
         for rid, st in list(self.reqs.items()) + list(self._draining.items()):
-            while st.direct:
+            while st.direct and staging_left:
                 chain, pos = st.direct[0]
                 slots = self.cache.take_staging(pos.size)
                 epoch = self._epoch()  # the boot whose staging slots these are
                 if slots.size == 0:
-                    return  # staging full: later steps go on
+                    staging_left = False  # staging full: later steps go on
+                    break
                 wave, rest = pos[:slots.size], pos[slots.size:]
                 st.direct[0] = (chain, rest)
                 if rest.size == 0:
@@ -508,7 +515,12 @@ class SariaScheduler:
                                     [st.block_ids[p] for p in wave.tolist()], slots.tolist(),
                                     epoch=epoch))
                 self.counters["direct_ops"] += 1
-            if rid in self._draining:
+            if rid not in self._draining:
+                continue
+            if st.direct and (not self.cache.reachable or self.ops.now() >= st.drain_by):
+                self.counters["direct_dropped"] += sum(int(p.size) for _, p in st.direct)
+                st.direct = []
+            if not st.direct:
                 del self._draining[rid]
                 self._delayed.append(rid)
 

@@ -289,6 +289,11 @@ class TieredCache:
     def staging_slots(self) -> int:
         return self.backend.staging_slots
 
+    @property
+    def reachable(self) -> bool:
+        """In process: always (``ServerCache.reachable`` is the server's breaker)."""
+        return True
+
     def write_direct(self, chain: np.ndarray, positions: np.ndarray,
                      staging: np.ndarray) -> int:
         """Write-through of blocks DRAM did not keep (``prepare_store(direct=True)``):

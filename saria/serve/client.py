@@ -113,7 +113,8 @@ class RemoteCache:
 
     def __init__(self, address: str, layout: dict, *, name: str = "engine",
                  dp_rank: int = 0, tp_rank: int = 0, timeout_s: float = 2.0,
-                 heartbeat: bool = True, security: ClientSecurity | None = None) -> None:
+                 heartbeat: bool = True, security: ClientSecurity | None = None,
+                 start_s: float = 0.0) -> None:
         self.address = address
         self.security = security or ClientSecurity()
         self.layout = dict(layout)
@@ -131,7 +132,7 @@ class RemoteCache:
         self.calls: Counter = Counter()  # op -> calls sent by the engine (not the heartbeat's)
         self.breaker = Breaker(address)
         self._debts: list[tuple[str | None, str | None, str, dict]] = []  # boot, session, op, args
-        self._hello()
+        self._first_hello(start_s)
         self._beat: threading.Thread | None = None
         self._closing = threading.Event()
         self._kick = threading.Event()  # wakes the heartbeat: closing, or the breaker opened
@@ -303,6 +304,22 @@ class RemoteCache:
 
     def _connect(self) -> zmq.Socket:
         return self.security.socket(self._ctx, self.address)
+
+    def _first_hello(self, start_s: float) -> None:
+        """Hello, retried for up to `start_s` while no reply comes: a server
+        still starting beside its engines, or busy a moment, or whose reply
+        was lost, is no reason for an engine not to start. (A hello whose
+        reply was lost leaves a session the server reaps at its lease.)"""
+        end = time.monotonic() + start_s
+        while True:
+            try:
+                return self._hello()
+            except ServerUnavailable as e:
+                if self._closed or time.monotonic() >= end:
+                    if start_s > 0:
+                        raise ServerUnavailable(f"{e} (retried for {start_s:g} s)") from None
+                    raise
+                time.sleep(min(0.2, self.timeout_s))
 
     def _hello(self) -> None:
         info = self._raw("hello", None, {**self.identity, "layout": self.layout}, self.timeout_s)

@@ -39,6 +39,10 @@ is found and in how many events.
   on which vLLM raises with several groups.
 * ``free-held-checkpoint`` (issue 40, 70d1d35): a checkpoint removed from the
   index frees its slots while a prepared load still names them.
+* ``drain-waits-for-server`` (issue 41, server-up seed 118): a finished
+  request whose write-through waves wait for staging slots keeps its KV
+  pages until the server gives some -- forever while it is down (no drop
+  while the breaker is open, no deadline).
 * ``keep-preempted-waves`` (722edca): a preempted request's write-through
   waves not copied yet are kept (the drop in ``build_connector_meta`` undone
   before ``_drain_direct``) and later copied from pages vLLM freed.
@@ -265,6 +269,16 @@ def _keep_preempted_waves():
                   (SariaScheduler, "_drain_direct", _drain_direct))
 
 
+def _drain_waits_for_server():
+    """Issue 41's drain fix reverted: a finished request waits for staging
+    slots as long as it takes (the server always counts as reachable, the
+    drain deadline never comes)."""
+    from saria.connector.remote import ServerCache
+
+    return _patch((ServerCache, "reachable", property(lambda self: True)),
+                  (OpTracker, "now", lambda self: 0.0))
+
+
 def _sync_hybrid_loads():
     """Several KV-cache groups with synchronous loads (before this round):
     a failed read goes to vLLM as block-level load errors, on which vLLM
@@ -293,6 +307,7 @@ def _free_held_checkpoint():
 
 
 MUTATIONS = {
+    "drain-waits-for-server": _drain_waits_for_server,
     "sync-hybrid-loads": _sync_hybrid_loads,
     "free-held-checkpoint": _free_held_checkpoint,
     "readiness-off": _readiness_off,

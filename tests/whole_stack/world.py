@@ -493,13 +493,18 @@ class World:
 
     def start_server(self, closed: Engine | None = None) -> None:
         """A new server on the same drive: every block its SSD acknowledged is
-        found again once an engine opens the layout (`closed`: an engine that
-        just ended and makes no call)."""
+        found again once the engines open their layouts (`closed`: an engine
+        that just ended and makes no call -- its successor's hello opens its
+        layout, so ``restart`` checks then: server seed 37)."""
         self.node.start()
-        live = [e for e in self.engines if e is not closed]
-        layouts = {e.tp for e in live}
-        for _ in range(50):  # the clients say hello again (past their breaker): the layouts open
-            for e in live:
+        if closed is None:
+            self._check_server_recovery()
+
+    def _check_server_recovery(self) -> None:
+        layouts = {e.tp for e in self.engines}
+        end = time.monotonic() + 30.0  # generous: a loaded machine is slow to say hello
+        while time.monotonic() < end:  # the clients say hello again (past their breaker)
+            for e in self.engines:
                 e.sched.cache.gauges()
             if len(self.node.caches()) >= len(layouts):
                 break
@@ -515,13 +520,17 @@ class World:
         starts on the same drive: every block the SSD acknowledged is found."""
         kept = e.acknowledged_ssd()
         e.close(crash=crash)
+        started = False
         if self.node is not None and not self.node.answering:
             # an engine does not start without its server (a config error): it comes back first
             if self.node.server is None:
                 self.start_server(closed=e)  # server seed 4: the closed client was asked for gauges
+                started = True
             self.node.server.answering.set()
         new = self._engine(e.name, e.tp)
         self.engines[self.engines.index(e)] = new
+        if started:
+            self._check_server_recovery()
         lost = kept - set(new.cache.backend.recovered)
         if lost:
             raise SimFailure("ssd-lost", f"{e.name}: {len(lost)} acknowledged SSD blocks not "
