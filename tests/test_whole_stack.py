@@ -141,6 +141,15 @@ def test_a_finished_request_does_not_wait_for_a_down_servers_staging():
     assert _run_events(DRAIN_EVENTS, scenario="server-up") is None
 
 
+# server seed 146: the hello of an engine restarting while the server lost its
+# next replies got none: a ConfigError at start (now retried for server_start_s)
+LOST_HELLO_EVENTS = [("srv_drop", 0), ("srv_drop", 0), ("srv_drop", 2), ("crash", 1)]
+
+
+def test_an_engine_restarting_while_replies_are_lost_still_starts():
+    assert _run_events(LOST_HELLO_EVENTS, scenario="server") is None
+
+
 # a cluster get past its deadline (e1 fetches what e0 published): the core
 # frees its slots at once, and they went back to the pool only at the backend's
 # next DRAM call after the get landed -- none came, so they stayed used
@@ -253,6 +262,7 @@ MUTATED = {
     "hold-empty-store": ("server-up", 1),          # a zero-block store spec held
     "no-cancel-owed": ("server-up", 5),            # failure 3: a store spec held
     "no-breaker": ("server", 0),                   # failure 6: server-down-stall
+    "gone-pool-raises": ("server", 0),             # N2: an engine crash (srv_flap)
     "sync-hybrid-loads": ("hybrid", 7),            # vLLM raises on block-level errors
     # seed 118 is past the server-up budget (6): its shrunk list is pinned instead
     "drain-waits-for-server": ("server-up", DRAIN_EVENTS),  # stuck: a free never comes
@@ -261,7 +271,6 @@ MUTATED = {
 NOT_FOUND = {
     "shorten-relock": "failure 1: the sim's 12 DRAM slots give no write-behind victims",
     "reuse-moved-load": "failure 2: vLLM's hit seldom shrinks over cluster-only blocks",
-    "gone-pool-raises": "N2: a server killed between a restart's hello and a worker's step",
     "free-held-checkpoint": "issue 40: a load held across steps (allocation failed) while a "
                             "deeper checkpoint on its path supersedes its own, in DRAM",
 }

@@ -30,7 +30,7 @@ SCENARIOS = {
     "hybrid": {"engines": (1, 1), "hybrid": True},
 }
 SERVER_WEIGHTS = {"srv_pause": 2, "srv_resume": 3, "srv_drop": 2, "srv_expire": 1, "srv_kill": 1,
-                  "srv_start": 3}
+                  "srv_start": 3, "srv_flap": 1}
 CLUSTER_WEIGHTS = {"publish": 6, "cl_fail_get": 2, "cl_corrupt": 1, "cl_vanish": 1, "cl_late": 1,
                    "cl_land_late": 2, "cl_down": 1, "cl_up": 2}
 

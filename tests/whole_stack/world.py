@@ -241,6 +241,9 @@ class Engine:
 
     def _execute(self, so, before: dict[str, int]):
         meta = self.sched.build_connector_meta(so)
+        if self.world.kill_mid_step:  # after the scheduler's meta, before any worker ran
+            self.world.kill_mid_step = False
+            self.world.server_event("srv_kill")
         reqs = {rid: self.vllm.requests[rid] for rid in so.num_scheduled_tokens}
         wmeta = SariaWorkerMetadata()
         invalid: set[int] = set()
@@ -397,6 +400,7 @@ class World:
             self.node.start()
         self.gens = Counter()
         self.kept_by_server: set[bytes] = set()
+        self.kill_mid_step = False  # srv_flap: the next engine step kills the server mid-step
         self.engines = [self._engine(f"e{i}", tp) for i, tp in enumerate(engines)]
         self.next_req = 0
         self.log: list[str] = []
@@ -490,6 +494,14 @@ class World:
             node.stop(crash=True)
         elif kind == "srv_start" and srv is None:
             self.start_server()
+        elif kind == "srv_flap":
+            # a crash-looping server (N2): restarted -- the engines say hello
+            # and their next meta names its new pool -- then killed again
+            # between a scheduler's step and its workers' (its pool file gone)
+            if srv is not None:
+                self.server_event("srv_kill")
+            self.start_server()
+            self.kill_mid_step = True
 
     def start_server(self, closed: Engine | None = None) -> None:
         """A new server on the same drive: every block its SSD acknowledged is
@@ -542,6 +554,7 @@ class World:
     def quiesce(self) -> None:
         """No more faults: every request runs to its end, every late copy lands,
         every lost ack expires, every write lands."""
+        self.kill_mid_step = False
         if self.cluster is not None:
             self.cluster.down = False
             self.cluster.fail_gets = self.cluster.late_gets = 0
