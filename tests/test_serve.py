@@ -443,3 +443,17 @@ def test_a_closed_client_fails_its_calls_as_misses(server):
     c.close()
     with pytest.raises(ServerUnavailable, match="closed"):
         c.lookup(chain(1, 2))
+
+
+def test_the_lookup_bench_measures_every_path_beside_the_transport_floor():
+    """``saria bench serve``'s round trips: an empty ZMQ echo and the server's
+    ping beside lookups in process and through the server, every figure a
+    real time (p50 <= p99), each lookup served every block it asked for."""
+    from saria.bench.serve_bench import lookup_rtt
+
+    rows = lookup_rtt(calls=30, sizes=(8, 64), repeats=2)
+    got = {(r["keys"], r["path"]) for r in rows}
+    assert got == {(0, "empty ZMQ round trip (ipc)"), (0, "saria serve ping (ipc)"),
+                   (8, "in-process"), (8, "saria serve (ipc)"), (64, "in-process"),
+                   (64, "saria serve (ipc)")}
+    assert all(0 < r["p50_us"] <= r["p99_us"] and r["rounds"] == 2 for r in rows)

@@ -1,9 +1,12 @@
 """``saria bench serve``: what a node's shared cache costs over the wire.
 
-1. **Lookup round trip**: ``lookup`` of 8 / 128 / 1024 block keys through
-   ``RemoteCache`` to a ``saria serve`` process (ipc), against the same call
-   on an in-process ``TieredCache`` holding the same blocks; p50 and p99 of
-   ``--calls`` calls each. With ``--curve``, also to a ``tcp://`` server with
+1. **Lookup round trip**: ``lookup`` of 8 / 64 / 128 / 1024 block keys
+   through ``RemoteCache`` to a ``saria serve`` process (ipc), against the
+   same call on an in-process ``TieredCache`` holding the same blocks; p50
+   and p99 of ``--calls`` calls each. Beside them, the floor any call pays:
+   an empty ZMQ round trip (DEALER to a ROUTER echo in another process, on
+   the same kind of ipc socket) and the server's ``ping`` (the protocol,
+   the session and the server's loop, no cache work). With ``--curve``, also to a ``tcp://`` server with
    CurveZMQ (a listed client key) and to one with ``--insecure-tcp``, in the
    same run: what authentication and encryption cost per call, for a peer of
    the node's own tenant and for a tenant of its own (whose keys the server
@@ -70,7 +73,67 @@ def _pct(xs: list[float]) -> tuple[float, float]:
     return float(np.percentile(a, 50)), float(np.percentile(a, 99))
 
 
-def lookup_rtt(calls: int = 2000, sizes=(8, 128, 1024), *, curve: bool = False,
+def _echo(address: str, ready) -> None:
+    """A ROUTER that sends every message straight back (the bare transport)."""
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind(address)
+    ready.set()
+    while True:
+        frames = sock.recv_multipart()
+        if frames[-1] == b"stop":
+            break
+        sock.send_multipart(frames)
+    sock.close(0)
+    ctx.term()
+
+
+def _floor(tmp: str, calls: int, repeats: int, client) -> list[dict]:
+    """p50/p99 of an empty ZMQ round trip and of the server's ``ping``,
+    ``repeats`` rounds interleaved."""
+    import zmq
+
+    address = f"ipc://{tmp}/echo.sock"
+    mpc = mp.get_context("spawn")
+    ready = mpc.Event()
+    proc = mpc.Process(target=_echo, args=(address, ready), daemon=True)
+    proc.start()
+    ready.wait(30)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(address)
+    msg = b"\x80"  # an empty msgpack map: a frame, nothing in it
+
+    def echo():
+        sock.send(msg)
+        sock.recv()
+
+    rows: dict[str, list[tuple[float, float]]] = {}
+    try:
+        for _ in range(repeats):
+            for name, fn in (("empty ZMQ round trip (ipc)", echo),
+                             ("saria serve ping (ipc)", client.ping)):
+                ts = []
+                for _ in range(calls):
+                    t0 = time.perf_counter()
+                    fn()
+                    ts.append(time.perf_counter() - t0)
+                rows.setdefault(name, []).append(_pct(ts))
+        sock.send(b"stop")
+    finally:
+        sock.close(0)
+        ctx.term()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    return [{"keys": 0, "path": name, "p50_us": float(np.median([r[0] for r in rs])),
+             "p99_us": float(np.median([r[1] for r in rs])), "rounds": len(rs)}
+            for name, rs in rows.items()]
+
+
+def lookup_rtt(calls: int = 2000, sizes=(8, 64, 128, 1024), *, curve: bool = False,
                repeats: int = 1) -> list[dict]:
     from saria.runtime.cache import CacheConfig, TieredCache
     from saria.serve.client import RemoteCache
@@ -83,6 +146,7 @@ def lookup_rtt(calls: int = 2000, sizes=(8, 128, 1024), *, curve: bool = False,
             procs.append(proc)
             paths.append(("saria serve (ipc)", RemoteCache(address, LAYOUT, name="bench",
                                                            heartbeat=False)))
+            floor = _floor(tmp, calls, repeats, paths[-1][1])
             if curve:
                 for name, client in _tcp_servers(tmp, procs):
                     paths.append((name, client))
@@ -106,9 +170,9 @@ def lookup_rtt(calls: int = 2000, sizes=(8, 128, 1024), *, curve: bool = False,
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=30)
-    return [{"keys": n, "path": name, "p50_us": float(np.median([r[0] for r in rs])),
-             "p99_us": float(np.median([r[1] for r in rs])), "rounds": len(rs)}
-            for (n, name), rs in times.items()]
+    return floor + [{"keys": n, "path": name, "p50_us": float(np.median([r[0] for r in rs])),
+                     "p99_us": float(np.median([r[1] for r in rs])), "rounds": len(rs)}
+                    for (n, name), rs in times.items()]
 
 
 def _tcp_servers(tmp: str, procs: list):

@@ -61,8 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_remote_parser(sub)
     add_steps_parser(sub)
     sv = sub.add_parser("serve", help="saria serve: lookup round trip and a load test",
-                        description="Lookup round trip (8/128/1024 keys) to a saria serve "
-                        "process against the in-process call, then a load test of N client "
+                        description="Lookup round trip (8/64/128/1024 keys) to a saria serve "
+                        "process against the in-process call and an empty ZMQ round trip, then a load test of N client "
                         "processes with the server's RSS and sessions sampled each second.")
     sv.add_argument("--calls", type=int, default=2000, help="lookups per size (default 2000)")
     sv.add_argument("--clients", type=int, default=4, help="load-test processes (default 4)")
@@ -91,7 +91,8 @@ def run_serve(args: argparse.Namespace) -> int:
     for col in ("keys", "path", "p50", "p99"):
         t.add_column(col, justify="right")
     for r in rows:
-        t.add_row(str(r["keys"]), r["path"], f"{r['p50_us']:,.0f}", f"{r['p99_us']:,.0f}")
+        t.add_row(str(r["keys"] or "-"), r["path"], f"{r['p50_us']:,.0f}",
+                  f"{r['p99_us']:,.0f}")
     con.print(t)
     out = {"lookup": rows}
     if args.seconds > 0:
