@@ -241,6 +241,7 @@ class Engine:
 
     def _execute(self, so, before: dict[str, int]):
         meta = self.sched.build_connector_meta(so)
+        self._check_load_specs()
         if self.world.kill_mid_step:  # after the scheduler's meta, before any worker ran
             self.world.kill_mid_step = False
             self.world.server_event("srv_kill")
@@ -335,6 +336,34 @@ class Engine:
             raise SimFailure("server-down-stall", f"{self.name}: a step with the server "
                              f"down waited out {failed} more call deadlines")
         self.last_failed = down and failed > 0
+
+    def _check_load_specs(self) -> None:
+        """Before any worker reads: every DRAM slot a load op names is still
+        its block's ready DRAM copy in the index, and the block is locked --
+        a spec never names a slot it does not hold (failure 1: the bytes are
+        still right when the worker reads them in this step, so only this
+        check sees a slot that already went back to the pool). In process
+        only: a server's specs of an older boot are stale by design (the
+        workers fail them)."""
+        if self.world.node is not None:
+            return
+        index = self.cache.index
+        d = index.dump()
+        locked = {bytes(k) for k, n in zip(d["keys"], d["lock"]) if n > 0}
+        for op in self.sched.ops.pending():
+            spec = op.spec
+            if op.kind != "load" or not hasattr(spec, "tiers") or spec.num_blocks == 0:
+                continue
+            slots, tiers = index.slots_in(spec.path, Tier.DRAM)
+            fetched = set(spec.remote.tolist())  # filling until their fetch completes
+            for i in range(spec.start, spec.num_blocks):
+                if spec.tiers[i] != int(Tier.DRAM) or i in fetched:
+                    continue
+                if (i >= len(slots) or tiers[i] != int(Tier.DRAM) or slots[i] != spec.slots[i]
+                        or bytes(spec.path[i]) not in locked):
+                    raise SimFailure("wrong-kv", f"{self.name}: load op {op.op_id} of "
+                                     f"{op.req_id} reads block {i} from DRAM slot "
+                                     f"{spec.slots[i]}, which its block no longer holds")
 
     def _waited(self) -> int:
         """Server calls that failed after waiting (a breaker's refusals cost nothing)."""
