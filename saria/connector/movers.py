@@ -138,7 +138,9 @@ class SsdPageReader:
         self._bufs = [_aligned_rows(self.chunk, row) for _ in range(2)]
         self._reads = ThreadPoolExecutor(1, thread_name_prefix="saria-ssd-chunk")
 
-    def _reader(self):
+    def ssd_store(self):
+        """The SSD store this rank reads, opened on first use (fault injection
+        in tests goes through it)."""
         if self._store is None:  # the owner made the files before any block was written
             from saria.tiers.ssd import SsdStore
 
@@ -164,7 +166,7 @@ class SsdPageReader:
                             np.int64).reshape(groups, -1)
         n, c = handles.size, self.chunk
         ok = np.zeros(n, bool)
-        store = self._reader()
+        store = self.ssd_store()
 
         def read(k: int):
             a = time.perf_counter()

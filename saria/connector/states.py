@@ -62,7 +62,7 @@ class StateMover:
         else:
             rows = _aligned(n, self.geo.slot_bytes)
             keys = np.frombuffer(c.keys, np.uint8).reshape(n, 32)
-            ok = self._reader().read(np.asarray(c.ids, np.int64), np.ascontiguousarray(keys), rows)
+            ok = self.ssd_store().read(np.asarray(c.ids, np.int64), np.ascontiguousarray(keys), rows)
             if not np.all(ok):
                 return False
             buf = torch.from_numpy(rows)
@@ -72,7 +72,9 @@ class StateMover:
             rows[c.kv_ids[group]].copy_(flat[off: off + self.page])
         return True
 
-    def _reader(self):
+    def ssd_store(self):
+        """The SSD store this rank reads, opened on first use (fault injection
+        in tests goes through it)."""
         if self._store is None:
             from saria.tiers.ssd import SsdStore
 

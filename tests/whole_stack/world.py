@@ -702,7 +702,7 @@ os.environ.setdefault("SARIA_SIM_FLEET_KEY", generate(1))
 def _readers(w: SariaWorker) -> list:
     """The SSD stores a worker reads from: KV pages' and checkpoints'."""
     reader = w.coordinator.reader if w.coordinator is not None else None
-    return [x._reader() for x in (reader, w.states)
+    return [x.ssd_store() for x in (reader, w.states)
             if x is not None and (x is reader or x.ssd_dirs)]
 
 
