@@ -58,7 +58,7 @@ from saria.connector.layout import Geometry, pool_path
 from saria.connector.meta import Medium, SariaMetadata, SariaWorkerMetadata, Transfer
 from saria.connector.ops import OpTracker
 from saria.connector.request_keys import KeyChain, RequestHasher
-from saria.connector.stats import Deltas, cumulative
+from saria.connector.stats import Deltas, DriveBytes, cumulative
 from saria.core import LoadSpec
 from saria.policy import make_admission
 from saria.errors import ConfigError, SariaError
@@ -146,6 +146,7 @@ class SariaScheduler:
         self.started = time.monotonic()
         self.metrics_server = None
         self._deltas = Deltas()
+        self.drive_bytes = DriveBytes()  # its own drives' bytes, for stats
         gauges = self.cache.gauges()
         if cfg.server is not None:
             log.info("saria scheduler: block %d tokens, slot %d B, cache server %s (namespace "

@@ -88,25 +88,30 @@ def cumulative(sched) -> dict[str, int]:
            "ssd_read_failures": s.ssd_read_failures, "writes_dropped": s.writes_dropped}
     out.update(sched.counters)
     if sched.cfg.server is None:
-        out.update(_drive_bytes(sched))
+        out.update(sched.drive_bytes.read(sched.cache))
     return out
 
 
-def _drive_bytes(sched) -> dict[str, int]:
-    """Per-drive bytes of this engine's own drives (a server's drives are the
-    node's: its own metrics say them, and asking would put an RPC on every
-    decode step). Read again only when the SSD traffic the cache counts moved:
-    ``gauges`` takes the cache's lock and walks the store, every step (vLLM
-    asks for stats each step) -- a third of an idle step's connector time."""
-    s = sched.cache.stats
-    key = (s.ssd_write_blocks, s.hit_blocks["SSD"], s.ssd_read_failures, s.ssd_write_failures,
-           s.writes_dropped, s.stored_blocks)
-    held = getattr(sched, "_drive_bytes_at", None)
-    if held is None or held[0] != key:
-        held = (key, {k: int(v) for k, v in sched.cache.gauges().items()
-                      if k.startswith("ssd_bytes_") and k.rsplit("_", 1)[-1].startswith("drive")})
-        sched._drive_bytes_at = held
-    return held[1]
+class DriveBytes:
+    """Per-drive bytes of an engine's own drives, read again only when the SSD
+    traffic the cache counts moved: ``gauges`` takes the cache's lock and
+    walks the store, and vLLM asks for stats every step -- a third of an idle
+    step's connector time. (A server's drives are the node's: its own
+    metrics say them, and asking would put an RPC on every decode step.)"""
+
+    def __init__(self) -> None:
+        self._mark: tuple | None = None
+        self._bytes: dict[str, int] = {}
+
+    def read(self, cache) -> dict[str, int]:
+        s = cache.stats
+        mark = (s.ssd_write_blocks, s.hit_blocks["SSD"], s.ssd_read_failures,
+                s.ssd_write_failures, s.writes_dropped, s.stored_blocks)
+        if mark != self._mark:
+            self._mark = mark
+            self._bytes = {k: int(v) for k, v in cache.gauges().items()
+                           if k.startswith("ssd_bytes_") and k.rsplit("_", 1)[-1].startswith("drive")}
+        return self._bytes
 
 
 class Deltas:
