@@ -97,6 +97,9 @@ def test_a_cache_server_owns_the_tiers_and_policies():
         parse_config({"server": "localhost:5555"})
     with pytest.raises(ConfigError, match="^server_timeout_s:"):
         parse_config({"server": "ipc:///tmp/x.sock", "server_timeout_s": 0})
+    with pytest.raises(ConfigError, match="^server_start_s: must be a positive number"):
+        parse_config({"server": "ipc:///tmp/x.sock", "server_start_s": "10"})
+    assert parse_config({"server": "ipc:///tmp/x.sock"}).server_start_s == 10.0
 
 
 def test_the_remote_key_is_checked_by_its_own_keys(monkeypatch):
