@@ -30,7 +30,7 @@ The model runs in float32 by default: on this AVX2-only CPU bf16 prefill is
 runs bf16. Writes ttft.csv, throughput.csv, summary.json and ttft.png.
 
     python experiments/06_vllm_connector.py            # full: ~4.5 min on 2 cores
-    python experiments/06_vllm_connector.py --quick    # smoke run: ~50 s (engine starts)
+    python experiments/06_vllm_connector.py --quick    # smoke run: ~40 s (engine starts)
 """
 
 from __future__ import annotations
@@ -61,9 +61,10 @@ TP_COLUMNS = ("rep", "position", "config", "batch", "seconds", "prompt_tokens", 
 FULL = dict(model=dict(layers=4, hidden=1024, heads=8, kv_heads=4, head_dim=128,
                        intermediate=4096), turns=8, max_prompt=2048, tp_prompts=6,
             tp_len=512, tp_out=8, batches=3, reps=4)
+# One throughput round: a smoke run's ratio says nothing, and each round is two engine starts.
 QUICK = dict(model=dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64,
                         intermediate=512), turns=3, max_prompt=512, tp_prompts=2,
-             tp_len=128, tp_out=4, batches=2, reps=2)
+             tp_len=128, tp_out=4, batches=2, reps=1)
 
 
 def tokens(seed: int, n: int) -> list[int]:

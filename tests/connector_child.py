@@ -4,8 +4,10 @@
 
 sends prompt A (or JSON's "prompt") twice and prints one JSON line:
 {"out": [tokens, gaps], "cached": n, "again": [tokens, gaps], "again_cached": n}.
-JSON may also set "dram_bytes", "coordinator" and "expect_error" (then the
-engine must fail to start; the line is {"error": message}). MP=1 runs vLLM's
+JSON may also set "dram_bytes", "coordinator", "expect_error" (then the
+engine must fail to start; the line is {"error": message}) and "start_after"
+(a path: vLLM is imported, the engine starts once the file exists -- the
+parent's cue; the imports overlap what runs before). MP=1 runs vLLM's
 default multi-process layout (scheduler and worker in two processes, sharing
 only the metadata, the /dev/shm pool and the drive files).
 """
@@ -19,7 +21,10 @@ if __name__ == "__main__":
     opts = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
     os.environ["SARIA_TEST_VLLM_MP"] = mp
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from vllm_harness import engine, generate, prompts
+    from vllm_harness import engine, generate, prompts, start_on_cue
+
+    if opts.get("start_after"):
+        start_on_cue(opts["start_after"])
 
     a = opts.get("prompt") or prompts(0)[0]
     extra = {"dram_bytes": opts.get("dram_bytes", "4MB"), "ssd_dirs": [ssd], "ssd_bytes": "16MB",

@@ -8,7 +8,9 @@ list of steps; each is {"prompt": [...]} (generate it and
 print ``RESULT {"tokens": ..., "gaps": ..., "cached": n}``) or
 {"wait": PATH} (block until the file exists: the parent's cue) or
 {"breaker_closed": true} (block until the client's breaker closed: its probe
-found the server). A first step
+found the server). Leading steps set up the run: {"start_after": PATH}
+imports vLLM, then starts the engine only once that file exists (the
+parent's cue: the imports, most of a start, overlap what runs before);
 {"late_stores": PATH} holds every store copy until that file exists (see
 ``vllm_harness.late_stores``).
 """
@@ -18,22 +20,35 @@ import os
 import sys
 import time
 
+
+def _leading(steps: list[dict], key: str):
+    """The value of a leading step {key: value}, taken off `steps`; else None."""
+    return steps.pop(0)[key] if steps and key in steps[0] else None
+
+
+def _wait(path: str) -> None:
+    while not os.path.exists(path):
+        time.sleep(0.05)
+
+
 if __name__ == "__main__":
     model, address, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import contextlib
 
-    from vllm_harness import engine, generate, late_stores
+    from vllm_harness import engine, generate, late_stores, start_on_cue
 
-    hold = steps.pop(0)["late_stores"] if steps and "late_stores" in steps[0] else None
+    start_after = _leading(steps, "start_after")
+    hold = _leading(steps, "late_stores")
+    if start_after:
+        start_on_cue(start_after)
     with (late_stores(until=hold) if hold else contextlib.nullcontext()), \
             engine(model, json.loads(address) if address.startswith("{") else
                    {"server": address, "engine_name": name, "server_timeout_s": 0.5}) as llm:
         print("READY", flush=True)
         for step in steps:
             if "wait" in step:
-                while not os.path.exists(step["wait"]):
-                    time.sleep(0.05)
+                _wait(step["wait"])
                 continue
             if "breaker_closed" in step:  # the client's probe found the server again
                 from vllm_harness import scheduler_connector

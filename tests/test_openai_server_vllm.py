@@ -21,11 +21,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from saria.connector.tiny_model import engine_env, make_llama  # noqa: E402
+from saria.connector.tiny_model import engine_env, make_llama, make_word_tokenizer  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 DOC = Path(__file__).resolve().parents[1] / "docs" / "getting-started.md"
-WORDS = [f"w{i}" for i in range(400)]
+WORDS = [f"w{i}" for i in range(400)]  # make_word_tokenizer's vocabulary
 
 
 def docs_command() -> list[str]:
@@ -33,21 +33,6 @@ def docs_command() -> list[str]:
     blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S)
     cmd = next(b for b in blocks if "vllm.entrypoints.openai.api_server" in b)
     return shlex.split(cmd.replace("\\\n", " "))
-
-
-def make_tokenizer(path: str) -> None:
-    """A word-level tokenizer over WORDS with a chat template, saved beside the model."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<unk>")
-    fast.chat_template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} "
-                          "{% endfor %}{% if add_generation_prompt %}assistant{% endif %}")
-    fast.save_pretrained(path)
 
 
 def _free_port() -> int:
@@ -64,10 +49,20 @@ def _post(port: int, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def test_the_documented_openai_server_shows_saria_hits(tmp_path):
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    """The tiny Llama with its tokenizer, made once: every server here loads it
+    from the same path, and vLLM keys its torch.compile cache by the model's
+    path, so the servers after the first load the compiled model (~20 s of
+    compiling each, on 2 cores, saved). Each server still runs in its own
+    process."""
     engine_env()
-    model = make_llama(str(tmp_path / "llama"), vocab=len(WORDS) + 3)
-    make_tokenizer(model)
+    path = make_llama(str(tmp_path_factory.mktemp("llama")), vocab=len(WORDS) + 3)
+    make_word_tokenizer(path, len(WORDS))
+    return path
+
+
+def test_the_documented_openai_server_shows_saria_hits(tmp_path, model):
     argv = docs_command()
     assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     assert "--enable-prompt-tokens-details" in argv and "--no-enable-prefix-caching" in argv
@@ -108,15 +103,12 @@ def test_the_documented_openai_server_shows_saria_hits(tmp_path):
         log.close()
 
 
-def test_a_misspelt_setting_stops_the_documented_server_in_one_line(tmp_path):
+def test_a_misspelt_setting_stops_the_documented_server_in_one_line(model):
     """Issue 43: a misspelt key in kv_connector_extra_config printed five
     tracebacks (each worker twice, the engine core twice, the front end).
     Now the engine stops on one saria line naming the key, logged once; the
     front end's own "see root cause above" is the only traceback, and no
     traceback runs through saria."""
-    engine_env()
-    model = make_llama(str(tmp_path / "llama"), vocab=len(WORDS) + 3)
-    make_tokenizer(model)
     argv = docs_command()
     argv[0] = sys.executable
     argv[argv.index("--model") + 1] = model

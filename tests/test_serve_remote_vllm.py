@@ -53,6 +53,19 @@ def _two_nodes(tmp_path):
                     assert srv.stop() == 0
 
 
+@contextmanager
+def _engine_b(model, address: str, tmp_path, steps: list[dict]):  # noqa: F811
+    """Engine B's process, started now so that its imports overlap engine
+    A's run; its engine starts when the test calls the yielded `start`. It
+    is killed if it is still running at the end (a test failed)."""
+    cue = tmp_path / "start-b"
+    b = Child(model, address, "B", steps, start_after=str(cue))
+    try:
+        yield b, cue.touch
+    finally:
+        b.kill()
+
+
 def _a_computes_and_publishes(model, want, srv_a) -> None:  # noqa: F811
     """Engine A computes LONG, then reuses it from its node's DRAM: the
     proven prefix is published to the cluster (held in A's segment)."""
@@ -73,11 +86,12 @@ def _a_computes_and_publishes(model, want, srv_a) -> None:  # noqa: F811
 
 def test_engine_b_on_another_node_is_served_from_the_cluster(model, want, want_longer,  # noqa: F811
                                                              tmp_path):
-    with _two_nodes(tmp_path) as (master, srv_a, srv_b):
+    cue = str(tmp_path / "master-down")
+    steps = [{"prompt": LONG}, {"wait": cue}, {"prompt": LONGER}]
+    with _two_nodes(tmp_path) as (master, srv_a, srv_b), \
+            _engine_b(model, srv_b.address, tmp_path, steps) as (b, start_b):
         _a_computes_and_publishes(model, want, srv_a)
-        cue = str(tmp_path / "master-down")
-        b = Child(model, srv_b.address, "B", [{"prompt": LONG}, {"wait": cue},
-                                              {"prompt": LONGER}])
+        start_b()
         got, cached = b.result()
         assert cached == FULL and same_greedy(got, want)
         snap = server_stats(srv_b.address)
@@ -101,10 +115,11 @@ def test_the_node_holding_the_prefix_killed_engine_b_computes_it(model, want, tm
     request for the prefix gets no byte from the cluster (a lookup that may
     still see the keys, a fetch that fails within the deadline): it computes,
     with no engine error and the output of an engine without saria."""
-    with _two_nodes(tmp_path) as (master, srv_a, srv_b):
+    with _two_nodes(tmp_path) as (master, srv_a, srv_b), \
+            _engine_b(model, srv_b.address, tmp_path, [{"prompt": LONG}]) as (b, start_b):
         _a_computes_and_publishes(model, want, srv_a)
         srv_a.stop(signal.SIGKILL)
-        b = Child(model, srv_b.address, "B", [{"prompt": LONG}])
+        start_b()
         got, _ = b.result()
         b.finish()
         assert same_greedy(got, want)
@@ -125,15 +140,16 @@ def test_in_process_caches_with_the_remote_key_share_a_prefix(model, want, tmp_p
         remote = {"master": master.url, "metadata_server": master.metadata_server,
                   "local_hostname": "127.0.0.1", "segment_bytes": 0, "deadline": "500ms",
                   "fleet_key_file": master.key_file()}
+        extra = json.dumps({"dram_bytes": 64 * SLOT, "remote": remote})
         try:
-            extra = json.dumps({"dram_bytes": 64 * SLOT, "remote": remote})
-            a = Child(model, extra, "A", [{"prompt": LONG}, {"prompt": LONG}])
-            assert [a.result()[1] for _ in range(2)] == [0, FULL]  # the second one publishes
-            a.finish()  # its cache closes: the queued puts go out first
-            b = Child(model, extra, "B", [{"prompt": LONG}])
-            got, cached = b.result()
-            b.finish()
-            assert cached == FULL and same_greedy(got, want)
+            with _engine_b(model, extra, tmp_path, [{"prompt": LONG}]) as (b, start_b):
+                a = Child(model, extra, "A", [{"prompt": LONG}, {"prompt": LONG}])
+                assert [a.result()[1] for _ in range(2)] == [0, FULL]  # the second one publishes
+                a.finish()  # its cache closes: the queued puts go out first
+                start_b()
+                got, cached = b.result()
+                b.finish()
+                assert cached == FULL and same_greedy(got, want)
         finally:
             holder.stdin.close()
             holder.wait(timeout=20)

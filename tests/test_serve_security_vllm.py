@@ -44,23 +44,39 @@ def test_tenants_hit_their_own_and_their_groups_blocks_only(model, tmp_path):
     proc = serve_proc(tmp_path, "--dram", str(64 * SLOT), "--listen", address, "--curve-secret",
                       str(keys / "server.key_secret"), "--curve-clients", str(clients),
                       "--tenants", str(tmp_path / "tenants.json"), "--lease", "10")
+    # The three engines in turn, each once the server listens and the one
+    # before is done; their processes start now, so that their imports overlap.
+    cues = [tmp_path / f"cue-{i}" for i in range(3)]
+    alice, bob, carol = (_child(model, address, keys, name, cues[i])
+                         for i, name in enumerate(("alice", "bob", "carol")))
     try:
         wait_listening(proc, tmp_path)
-
-        def run(name: str):
-            cfg = {"server": address, "engine_name": name, "server_timeout_s": 1.0,
-                   "server_curve_secret": str(keys / f"{name}.key_secret"),
-                   "server_curve_key": str(keys / "server.key")}
-            c = Child(model, json.dumps(cfg), name, [{"prompt": LONG}])
-            got, cached = c.result()
-            c.finish()
-            return got, cached
-
-        got, cached = run("alice")
+        cues[0].touch()
+        got, cached = _result(alice, cues[1])
         assert cached == 0 and same_greedy(got, want)
-        got, cached = run("bob")
+        got, cached = _result(bob, cues[2])
         assert cached == 0 and same_greedy(got, want)      # no hit across tenants
-        got, cached = run("carol")
+        got, cached = _result(carol)
         assert cached == FULL and same_greedy(got, want)   # the group shares
     finally:
+        for c in (alice, bob, carol):
+            c.kill()
         assert stop(proc) == 0
+
+
+def _child(model: str, address: str, keys, name: str, start_after) -> Child:
+    """`name`'s engine process over CURVE; its engine starts once `start_after` exists."""
+    cfg = {"server": address, "engine_name": name, "server_timeout_s": 1.0,
+           "server_curve_secret": str(keys / f"{name}.key_secret"),
+           "server_curve_key": str(keys / "server.key")}
+    return Child(model, json.dumps(cfg), name, [{"prompt": LONG}], start_after=str(start_after))
+
+
+def _result(child: Child, done=None) -> tuple:
+    """The child's one result, once it exited cleanly; then `done` (the next
+    one's cue) is created."""
+    got, cached = child.result()
+    child.finish()
+    if done is not None:
+        done.touch()
+    return got, cached

@@ -97,6 +97,19 @@ def engine(model: str, extra: dict | None = None, **kw):
         release_vllm_globals()
 
 
+def start_on_cue(path: str) -> None:
+    """For a child process started early: imports what an engine's start
+    imports (most of its time), then waits until `path` exists, the
+    parent's cue to start the engine."""
+    import time
+
+    import saria.connector.vllm  # noqa: F401
+    from vllm import LLM  # noqa: F401
+
+    while not os.path.exists(path):
+        time.sleep(0.05)
+
+
 def release_vllm_globals() -> None:
     """What an in-process engine leaves in this process, gone -- also when it
     failed to start: the KV transfer group (the next engine's connector would

@@ -98,3 +98,23 @@ def make_gemma3(path: str, *, window: int = 64, seed: int = 0) -> str:
     cfg.architectures = ["Gemma3ForCausalLM"]
     torch.manual_seed(seed)
     return _save(Gemma3ForCausalLM(cfg).to(torch.float32), path)
+
+
+def make_word_tokenizer(path: str, words: int = 400) -> list[str]:
+    """A word-level tokenizer over ``w0 .. w{words-1}`` (ids 3..; 0-2 are
+    unk, bos, eos) with a chat template, saved beside the model in `path`:
+    vLLM's OpenAI server and its bench client need one, and nothing may be
+    downloaded. Returns the words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    names = [f"w{i}" for i in range(words)]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(names)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="<unk>")
+    fast.chat_template = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} "
+                          "{% endfor %}{% if add_generation_prompt %}assistant{% endif %}")
+    fast.save_pretrained(path)
+    return names
