@@ -110,17 +110,12 @@ def _floor(tmp: str, calls: int, repeats: int, client) -> list[dict]:
         sock.send(msg)
         sock.recv()
 
-    rows: dict[str, list[tuple[float, float]]] = {}
+    rounds: dict[tuple[int, str], list[tuple[float, float]]] = {}
     try:
         for _ in range(repeats):
             for name, fn in (("empty ZMQ round trip (ipc)", echo),
                              ("saria serve ping (ipc)", client.ping)):
-                ts = []
-                for _ in range(calls):
-                    t0 = time.perf_counter()
-                    fn()
-                    ts.append(time.perf_counter() - t0)
-                rows.setdefault(name, []).append(_pct(ts))
+                rounds.setdefault((0, name), []).append(_timed(fn, calls))
         sock.send(b"stop")
     finally:
         sock.close(0)
@@ -128,9 +123,24 @@ def _floor(tmp: str, calls: int, repeats: int, client) -> list[dict]:
         proc.join(10)
         if proc.is_alive():
             proc.kill()
-    return [{"keys": 0, "path": name, "p50_us": float(np.median([r[0] for r in rs])),
+    return _medians(rounds)
+
+
+def _timed(fn, calls: int) -> tuple[float, float]:
+    """p50 and p99 (us) of `calls` calls of `fn`."""
+    ts = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return _pct(ts)
+
+
+def _medians(rounds: dict[tuple[int, str], list[tuple[float, float]]]) -> list[dict]:
+    """One row per (keys, path): the medians over its rounds' p50 and p99."""
+    return [{"keys": n, "path": name, "p50_us": float(np.median([r[0] for r in rs])),
              "p99_us": float(np.median([r[1] for r in rs])), "rounds": len(rs)}
-            for name, rs in rows.items()]
+            for (n, name), rs in rounds.items()]
 
 
 def lookup_rtt(calls: int = 2000, sizes=(8, 64, 128, 1024), *, curve: bool = False,
@@ -157,22 +167,16 @@ def lookup_rtt(calls: int = 2000, sizes=(8, 64, 128, 1024), *, curve: bool = Fal
                     cache.complete_store(cache.prepare_store(keys, 0))
                 for _ in range(repeats):  # rounds interleaved: A B C, A B C, ...
                     for name, cache in paths:
-                        ts = []
-                        for _ in range(calls):
-                            t0 = time.perf_counter()
-                            plan = cache.lookup(keys)
-                            ts.append(time.perf_counter() - t0)
-                        assert plan.num_blocks == n
-                        times.setdefault((n, name), []).append(_pct(ts))
+                        timed = _timed(lambda c=cache: c.lookup(keys), calls)
+                        assert cache.lookup(keys).num_blocks == n
+                        times.setdefault((n, name), []).append(timed)
             for _, cache in paths:
                 cache.close()
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=30)
-    return floor + [{"keys": n, "path": name, "p50_us": float(np.median([r[0] for r in rs])),
-                     "p99_us": float(np.median([r[1] for r in rs])), "rounds": len(rs)}
-                    for (n, name), rs in times.items()]
+    return floor + _medians(times)
 
 
 def _tcp_servers(tmp: str, procs: list):

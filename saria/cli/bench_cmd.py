@@ -62,7 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_steps_parser(sub)
     sv = sub.add_parser("serve", help="saria serve: lookup round trip and a load test",
                         description="Lookup round trip (8/64/128/1024 keys) to a saria serve "
-                        "process against the in-process call and an empty ZMQ round trip, then a load test of N client "
+                        "process against the in-process call and an empty ZMQ round trip, "
+                        "then a load test of N client "
                         "processes with the server's RSS and sessions sampled each second.")
     sv.add_argument("--calls", type=int, default=2000, help="lookups per size (default 2000)")
     sv.add_argument("--clients", type=int, default=4, help="load-test processes (default 4)")

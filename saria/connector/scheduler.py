@@ -278,8 +278,7 @@ class SariaScheduler:
             if st is not None and st.direct:
                 # vLLM freed its KV pages: waves not copied yet would read
                 # whatever the pages hold next and write it under these keys
-                self.counters["direct_dropped"] += sum(int(p.size) for _, p in st.direct)
-                st.direct = []
+                self._drop_direct(st)
         for nr in so.scheduled_new_reqs:
             st = self.reqs.get(nr.req_id)
             if st is not None:
@@ -519,11 +518,15 @@ class SariaScheduler:
             if rid not in self._draining:
                 continue
             if st.direct and (not self.cache.reachable or self.ops.now() >= st.drain_by):
-                self.counters["direct_dropped"] += sum(int(p.size) for _, p in st.direct)
-                st.direct = []
+                self._drop_direct(st)
             if not st.direct:
                 del self._draining[rid]
                 self._delayed.append(rid)
+
+    def _drop_direct(self, st: _Req) -> None:
+        """The request's write-through waves not copied yet are given up (counted)."""
+        self.counters["direct_dropped"] += sum(int(p.size) for _, p in st.direct)
+        st.direct = []
 
     def _promote(self, st: _Req, rid: str, out: list[Transfer]) -> None:
         """Lazy partial promotion after prefill: the policy's pick of the
