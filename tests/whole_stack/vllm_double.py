@@ -146,6 +146,13 @@ class BlockPool:
             if self.ref[b] == 0:
                 self.free[b] = None
 
+    def drop_hash(self, b: int) -> None:
+        """A free cached block reused elsewhere: its hash is gone (a held one stays)."""
+        if b in self.free:
+            d = self.hash_of.pop(b, None)
+            if d is not None and self.cached.get(d) == b:
+                del self.cached[d]
+
     def evict_cached(self, n: int) -> int:
         """Memory pressure from elsewhere: the `n` oldest free blocks lose their hash."""
         k = 0
@@ -341,7 +348,14 @@ class VllmDouble:
         computed = len(local) * self.bs + ext
         n = 0 if is_async else self._chunk(req, computed, budget)
         if self.fail_next_alloc:
+            # no room: the request waits, and the pressure that refused it
+            # reuses the free cached blocks meanwhile -- the least recently
+            # freed first, which is its hit's tail (vLLM frees tails first).
+            # Its next lookup then finds a shorter hit under the load saria
+            # prepared for this one (failure 2's window).
             self.fail_next_alloc = False
+            if local:
+                self.pool.drop_hash(local[-1])
             return None
         end = computed + n
         na = -(-end // self.bs) - len(local)
