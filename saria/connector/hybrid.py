@@ -41,9 +41,6 @@ def check_supported(cfg, geo) -> None:
     if cfg.remote is not None:
         raise ConfigError("remote", "the cluster tier does not publish recurrent-state "
                           "checkpoints (hybrid Mamba/GDN models): drop 'remote'")
-    if geo.tp_size != 1:
-        raise ConfigError("tensor_parallel_size", "saria holds recurrent-state checkpoints "
-                          "with tensor_parallel_size=1 only")
 
 
 def set_ids(st, geo, ids_by_group) -> None:

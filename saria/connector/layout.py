@@ -78,7 +78,8 @@ class Geometry:
 
     @property
     def state_bytes(self) -> int:
-        """One checkpoint: every recurrent layer's state, every rank's, rank-major."""
+        """One checkpoint: every recurrent layer's state, every rank's share;
+        in its slots each rank's share fills that rank's part (``states.py``)."""
         return self.tp_size * self.state_rank_bytes
 
     def namespace(self, hash_algo: str, hash_seed: str) -> str:

@@ -12,10 +12,12 @@ another store or a cluster fetch would hold a mix of two blocks).
 A lost ack would pin the op's blocks forever, so every op has a deadline.
 Past it, ``expired`` hands a *load* back to be completed as failed (its
 copies read the slots into KV pages the request no longer trusts). A *store*
-past its deadline has ranks that may still be writing into its slots and
-that nothing here can fence, so it is quarantined instead: it stays in the
-ledger (its slots held, never reused), ``expired`` hands it back once so the
-caller can say so, and it ends when its last report arrives, however late.
+(and a recurrent-state checkpoint's copy, each rank writing its part of the
+checkpoint's slots) past its deadline has ranks that may still be writing into
+its slots and that nothing here can fence, so it is quarantined instead: it
+stays in the ledger (its slots held, never reused), ``expired`` hands it back
+once so the caller can say so, and it ends when its last report arrives,
+however late.
 The deadline is long (``op_timeout_s``, minutes): it exists for acks that
 never come, not for slow copies.
 """
@@ -28,10 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+# Ops whose ranks write into DRAM slots: past the deadline they are quarantined
+# (a state op is one recurrent-state checkpoint's copy, one part per rank).
+WRITES = ("store", "state")
+
+
 @dataclass
 class PendingOp:
     op_id: int
-    kind: str          # "load" or "store"
+    kind: str          # "load", "store" or "state"
     req_id: str
     spec: Any          # the cache's LoadSpec or StoreSpec
     deadline: float
@@ -93,12 +100,13 @@ class OpTracker:
 
     def expired(self) -> list[PendingOp]:
         """Ops past their deadline, each handed back once: loads leave the
-        ledger (complete them as failed); stores stay in it, quarantined
-        (``op.quarantined``: keep their slots until ``ack`` ends them)."""
+        ledger (complete them as failed); stores and state copies (``WRITES``)
+        stay in it, quarantined (``op.quarantined``: keep their slots until
+        ``ack`` ends them)."""
         now = self._clock()
         late = [op for op in self._ops.values() if op.deadline <= now and not op.quarantined]
         for op in late:
-            if op.kind == "store":
+            if op.kind in WRITES:
                 op.quarantined = True
             else:
                 del self._ops[op.op_id]

@@ -263,9 +263,9 @@ class SariaScheduler:
         for op in self.ops.expired():
             self.counters["expired_ops"] += 1
             if op.quarantined:  # a rank may still write into its slots: keep them
-                log.error("saria: store op %d of request %s got no report from every worker "
+                log.error("saria: %s op %d of request %s got no report from every worker "
                           "in %.0f s; its DRAM slots stay held until the last one reports",
-                          op.op_id, op.req_id, self.ops.timeout_s)
+                          op.kind, op.op_id, op.req_id, self.ops.timeout_s)
                 continue
             log.error("saria: load op %d of request %s got no ack from every worker in %.0f s; "
                       "failing it", op.op_id, op.req_id, self.ops.timeout_s)

@@ -3,11 +3,22 @@
 vLLM registers a Mamba/GDN layer's cache as raw byte pages (its conv and SSM
 states at fixed offsets, padded to the attention page): saria copies each
 layer's first ``state_page_bytes`` of the state block, whatever is inside.
-A checkpoint is every recurrent layer's state, layer after layer, spread
-over its ``state_units`` DRAM slots (or SSD blocks, which the store verifies
-by key like any block). Copies are synchronous: loads before vLLM prepares the
-step's inputs (``handle_preemptions``; see ``worker._load_states``), stores
-after the forward pass (``wait_for_save``).
+With tensor parallelism each rank holds its own share of every state (its
+heads), ``state_rank_bytes`` for all its layers, layer after layer.
+
+A checkpoint spans ``state_units`` DRAM slots (or SSD blocks, which the store
+verifies by key like any block) and, like an attention block, each slot is
+``tp_size`` parts of ``rank_bytes``, rank-major: rank ``r``'s share fills
+part ``r`` of the checkpoint's slots in order (``state_units * rank_bytes >=
+state_rank_bytes``, as ``state_units = ceil(state_bytes / slot_bytes)``).
+NOTE: a rank writes and reads only its own part of each slot, so ranks never
+touch each other's bytes, and on the SSD a rank reads and verifies only its
+part (``SsdStore.read_part``), as ``SsdPageReader`` does for pages. At TP 1
+the part is the whole slot: the format is the one before TP.
+Copies are synchronous: loads before vLLM prepares the step's inputs
+(``handle_preemptions``; see ``worker._load_states``), stores after the
+forward pass (``wait_for_save``). The scheduler completes a stored checkpoint
+only when every rank reported its copy (``ops.OpTracker``).
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ class StateMover:
         gl = geo.groups
         self.geo = geo
         self.page = gl.state_page_bytes
+        self.part = geo.rank_bytes                  # this rank's part of a slot
+        self.base = geo.tp_rank * geo.rank_bytes    # where it starts in the slot
         self.rows: list[torch.Tensor] = []
         for name in gl.state_layer_names:
             t = kv_caches.get(name)
@@ -37,38 +50,47 @@ class StateMover:
                                    f"stride {t.stride()}) is not {geo.num_gpu_blocks} pages of "
                                    f">= {self.page} B")
             self.rows.append(torch.as_strided(b, (b.shape[0], self.page), (stride, 1)))
-        self.pool_t = torch.from_numpy(pool.array)  # (slots, slot_bytes)
+        # this rank's part of every slot: (slots, rank_bytes), a view of the shared pool
+        self.pool_part = torch.from_numpy(pool.array)[:, self.base: self.base + self.part]
         self.ssd_dirs = ssd_dirs
         self._store = None
 
-    def _flat(self, n_units: int) -> np.ndarray:
-        return np.empty(n_units * self.geo.slot_bytes, np.uint8)
+    def _layers(self):
+        """(offset in this rank's share, state rows, recurrent group) per layer."""
+        return ((layer * self.page, rows, group) for layer, (rows, group)
+                in enumerate(zip(self.rows, self.geo.groups.state_layer_groups)))
 
     def store(self, c: StateCopy) -> None:
-        """KV state blocks -> the checkpoint's DRAM slots."""
-        buf = torch.from_numpy(self._flat(len(c.ids)))
-        for layer, (rows, group) in enumerate(zip(self.rows, self.geo.groups.state_layer_groups)):
-            off = layer * self.page
-            buf[off: off + self.page].copy_(rows[c.kv_ids[group]])
+        """KV state blocks -> this rank's part of the checkpoint's DRAM slots
+        (the other ranks' parts are left as they are)."""
+        n = len(c.ids)
+        share = torch.from_numpy(np.empty(n * self.part, np.uint8))
+        for off, rows, group in self._layers():
+            share[off: off + self.page].copy_(rows[c.kv_ids[group]])
         slots = torch.as_tensor(c.ids, dtype=torch.long)
-        self.pool_t.index_copy_(0, slots, buf.view(len(c.ids), -1))
+        self.pool_part.index_copy_(0, slots, share.view(n, self.part))
 
     def load(self, c: StateCopy) -> bool:
-        """The checkpoint's DRAM slots or SSD blocks -> KV state blocks; False
-        when an SSD block failed its verification (nothing is copied then)."""
+        """This rank's part of the checkpoint's DRAM slots or SSD blocks -> KV
+        state blocks; False when an SSD part failed its verification (nothing
+        is copied then)."""
         n = len(c.ids)
         if c.src == Medium.DRAM:
-            buf = self.pool_t.index_select(0, torch.as_tensor(c.ids, dtype=torch.long))
+            share = self.pool_part.index_select(0, torch.as_tensor(c.ids, dtype=torch.long))
         else:
-            rows = _aligned(n, self.geo.slot_bytes)
-            keys = np.frombuffer(c.keys, np.uint8).reshape(n, 32)
-            ok = self.ssd_store().read(np.asarray(c.ids, np.int64), np.ascontiguousarray(keys), rows)
+            parts = _aligned(n, self.part)
+            handles = np.asarray(c.ids, np.int64)
+            keys = np.ascontiguousarray(np.frombuffer(c.keys, np.uint8).reshape(n, 32))
+            store = self.ssd_store()
+            if self.geo.tp_size > 1:
+                ok = store.read_part(handles, keys, self.geo.tp_rank, parts)
+            else:
+                ok = store.read(handles, keys, parts)
             if not np.all(ok):
                 return False
-            buf = torch.from_numpy(rows)
-        flat = buf.reshape(-1)
-        for layer, (rows, group) in enumerate(zip(self.rows, self.geo.groups.state_layer_groups)):
-            off = layer * self.page
+            share = torch.from_numpy(parts)
+        flat = share.reshape(-1)
+        for off, rows, group in self._layers():
             rows[c.kv_ids[group]].copy_(flat[off: off + self.page])
         return True
 
@@ -78,7 +100,8 @@ class StateMover:
         if self._store is None:
             from saria.tiers.ssd import SsdStore
 
-            self._store = SsdStore.reader(list(self.ssd_dirs), self.geo.slot_bytes, parts=1)
+            self._store = SsdStore.reader(list(self.ssd_dirs), self.geo.slot_bytes,
+                                          parts=self.geo.tp_size)
         return self._store
 
     def close(self) -> None:
