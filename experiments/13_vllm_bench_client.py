@@ -6,12 +6,16 @@
 of them plus a random suffix -- against the OpenAI server
 (``vllm.entrypoints.openai.api_server``) of a random float32 Llama with a
 word-level tokenizer, made here. Four configurations, vLLM's own prefix
-cache off in each so every hit is saria's:
+cache off in each but the last so every hit is saria's:
 
 * ``no cache``: no KV connector;
 * ``dram``: saria in process, DRAM only;
 * ``dram+ssd``: saria in process, DRAM and an SSD directory (full duplicate);
-* ``saria serve``: the connector's ``server`` key on a ``saria serve``.
+* ``saria serve``: the connector's ``server`` key on a ``saria serve``;
+* ``vllm prefix cache``: no connector, vLLM's own prefix cache on -- the
+  reference: every hit in the engine's own KV pages, no copy at all, so its
+  TTFT is the floor this workload (its first prompt of each prefix computes
+  it) allows any cache.
 
 Each round starts every configuration's server in turn (the order rotates),
 runs the same prompts (the same dataset seed), stops it. Per configuration:
@@ -29,8 +33,8 @@ shows whether batch composition alone moves them. The engine is pinned:
 for the front end and the benchmark client; the summary names the CPU and
 the load average.
 
-    python experiments/13_vllm_bench_client.py            # ~25 min
-    python experiments/13_vllm_bench_client.py --quick    # ~6 min
+    python experiments/13_vllm_bench_client.py            # ~26 min (5 configurations x 3 rounds)
+    python experiments/13_vllm_bench_client.py --quick    # ~5 min
 
 Writes rounds.csv, summary.json and ratios.png.
 """
@@ -54,7 +58,7 @@ from pathlib import Path
 import _common as C
 
 NAME = "13_vllm_bench_client"
-CONFIGS = ("no cache", "dram", "dram+ssd", "saria serve")
+CONFIGS = ("no cache", "dram", "dram+ssd", "saria serve", "vllm prefix cache")
 COLUMNS = ("round", "position", "config", "requests", "mean_ttft_ms", "median_ttft_ms",
            "mean_tpot_ms", "median_tpot_ms", "output_tokens", "duration_s", "same_texts")
 FULL = {"rounds": 3, "prompts": 64, "prefix_len": 2000, "suffix_len": 64, "prefixes": 8,
@@ -70,7 +74,7 @@ def _free_port() -> int:
 
 
 def _connector(config: str, tmp: Path, server: str | None, dram: int) -> dict | None:
-    if config == "no cache":
+    if config in ("no cache", "vllm prefix cache"):
         return None
     extra: dict = {"dram_bytes": dram}
     if config == "dram+ssd":
@@ -83,10 +87,12 @@ def _connector(config: str, tmp: Path, server: str | None, dram: int) -> dict | 
             "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra}
 
 
-def _start_api(model: str, port: int, kv: dict | None, log: Path, env: dict) -> subprocess.Popen:
+def _start_api(model: str, port: int, kv: dict | None, log: Path, env: dict,
+               prefix_caching: bool = False) -> subprocess.Popen:
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--port", str(port), "--host", "127.0.0.1", "--dtype", "float32", "--seed", "0",
-            "--max-model-len", "4096", "--no-enable-prefix-caching"]
+            "--max-model-len", "4096",
+            "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching"]
     if kv is not None:
         argv += ["--kv-transfer-config", json.dumps(kv)]
     proc = subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
@@ -180,6 +186,9 @@ def _model(tmp: Path, layers: int) -> str:
 def main() -> None:
     ap = C.parser(NAME, __doc__)
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3, quick 1)")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="configurations to run, comma-separated (default all: "
+                         f"{', '.join(CONFIGS)}); 'no cache' always runs: ratios are to it")
     ap.add_argument("--reserved-cpus", type=int, default=1,
                     help="VLLM_CPU_NUM_OF_RESERVED_CPU: cores kept from the engine (default 1)")
     args = ap.parse_args()
@@ -197,6 +206,11 @@ def main() -> None:
         if args.rounds < 1:
             C.fail(f"--rounds must be at least 1, got {args.rounds}")
         cfg["rounds"] = args.rounds
+    asked = [c.strip() for c in args.configs.split(",") if c.strip()]
+    bad = [c for c in asked if c not in CONFIGS]
+    if bad:
+        C.fail(f"--configs: unknown configuration {bad[0]!r} (one of: {', '.join(CONFIGS)})")
+    configs = ("no cache",) + tuple(c for c in CONFIGS[1:] if c in asked)
     env = dict(os.environ, VLLM_CPU_NUM_OF_RESERVED_CPU=str(args.reserved_cpus),
                VLLM_LOGGING_LEVEL="WARNING")
     out = Path(args.out)
@@ -209,7 +223,7 @@ def main() -> None:
         # 1.3x every token's KV (K and V, 2 KV heads of 64, float32): no eviction
         dram = int(1.3 * tokens * cfg["layers"] * 2 * 2 * 64 * 4)
         for r in range(cfg["rounds"]):
-            order = CONFIGS[r % len(CONFIGS):] + CONFIGS[:r % len(CONFIGS)]
+            order = configs[r % len(configs):] + configs[:r % len(configs)]
             for pos, config in enumerate(order):
                 port = _free_port()
                 run_dir = tmp / f"r{r}-{pos}"
@@ -219,7 +233,8 @@ def main() -> None:
                                 else (None, None))
                 try:
                     api = _start_api(model, port, _connector(config, run_dir, address, dram),
-                                     run_dir / "api.log", env)
+                                     run_dir / "api.log", env,
+                                     prefix_caching=config == "vllm prefix cache")
                     try:
                         res = _bench(model, port, cfg, run_dir / "bench.json")
                         if r == 0:
@@ -242,10 +257,10 @@ def main() -> None:
     for row in rows:
         row["same_texts"] = texts[(row["round"], row["config"])] == texts[(row["round"],
                                                                            "no cache")]
-    summary = _summary(rows, cfg, args.reserved_cpus)
+    summary = _summary(rows, cfg, args.reserved_cpus, configs)
     summary["no_cache_texts_stable"] = all(texts[(r, "no cache")] == texts[(0, "no cache")]
                                            for r in range(cfg["rounds"]))
-    for config in CONFIGS[1:]:
+    for config in configs[1:]:
         summary["configs"][config]["outputs"] = _compare(checks[config], checks["no cache"])
     paths = [C.write_csv(out / "rounds.csv", rows, COLUMNS)]
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -276,10 +291,10 @@ def _compare(got: list, want: list) -> dict:
             "first_differences": [f for f in firsts if f is not None]}
 
 
-def _summary(rows: list[dict], cfg: dict, reserved: int) -> dict:
+def _summary(rows: list[dict], cfg: dict, reserved: int, configs: tuple) -> dict:
     by = {(r["round"], r["config"]): r for r in rows}
     out = {}
-    for config in CONFIGS[1:]:
+    for config in configs[1:]:
         rounds = sorted({r for r, c in by if c == config})
         tpot = [by[(r, config)]["mean_tpot_ms"] / by[(r, "no cache")]["mean_tpot_ms"]
                 for r in rounds]
