@@ -5,7 +5,7 @@
 ``prefix_repetition`` dataset -- a few long shared prefixes, each prompt one
 of them plus a random suffix -- against the OpenAI server
 (``vllm.entrypoints.openai.api_server``) of a random float32 Llama with a
-word-level tokenizer, made here. Four configurations, vLLM's own prefix
+word-level tokenizer, made here. Five configurations, vLLM's own prefix
 cache off in each but the last so every hit is saria's:
 
 * ``no cache``: no KV connector;
@@ -151,7 +151,8 @@ def _check(model: str, port: int, cfg: dict, out: Path) -> list:
     at a time through /v1/completions with the two best logprobs per step:
     the outputs and their near-ties, which the benchmark's texts lack. In a
     saria configuration every prompt is now a hit on what the timed run
-    stored, so this reads the cache's KV."""
+    stored, so this reads the cache's KV. `out`: the benchmark's result file
+    (its arguments are parsed again only to draw the same prompts)."""
     from vllm.benchmarks.datasets import get_samples
     from vllm.tokenizers import get_tokenizer
 
@@ -238,7 +239,7 @@ def main() -> None:
                     try:
                         res = _bench(model, port, cfg, run_dir / "bench.json")
                         if r == 0:
-                            checks[config] = _check(model, port, cfg, run_dir / "check.json")
+                            checks[config] = _check(model, port, cfg, run_dir / "bench.json")
                     finally:
                         _stop(api)
                 finally:

@@ -124,9 +124,7 @@ class BlockPool:
         out = []
         for _ in range(n):
             b, _ = self.free.popitem(last=False)
-            d = self.hash_of.pop(b, None)
-            if d is not None and self.cached.get(d) == b:
-                del self.cached[d]
+            self.drop_hash(b)
             self.ref[b] = 1
             out.append(b)
         return out
@@ -146,22 +144,16 @@ class BlockPool:
             if self.ref[b] == 0:
                 self.free[b] = None
 
-    def drop_hash(self, b: int) -> None:
-        """A free cached block reused elsewhere: its hash is gone (a held one stays)."""
-        if b in self.free:
-            d = self.hash_of.pop(b, None)
-            if d is not None and self.cached.get(d) == b:
-                del self.cached[d]
+    def drop_hash(self, b: int) -> bool:
+        """Block `b` forgets its prefix hash (it is being reused); True if it had one."""
+        d = self.hash_of.pop(b, None)
+        if d is not None and self.cached.get(d) == b:
+            del self.cached[d]
+        return d is not None
 
     def evict_cached(self, n: int) -> int:
         """Memory pressure from elsewhere: the `n` oldest free blocks lose their hash."""
-        k = 0
-        for b in list(self.free)[:n]:
-            d = self.hash_of.pop(b, None)
-            if d is not None:
-                self.cached.pop(d, None)
-                k += 1
-        return k
+        return sum(self.drop_hash(b) for b in list(self.free)[:n])
 
 
 class VllmDouble:
@@ -349,12 +341,12 @@ class VllmDouble:
         n = 0 if is_async else self._chunk(req, computed, budget)
         if self.fail_next_alloc:
             # no room: the request waits, and the pressure that refused it
-            # reuses the free cached blocks meanwhile -- the least recently
-            # freed first, which is its hit's tail (vLLM frees tails first).
-            # Its next lookup then finds a shorter hit under the load saria
-            # prepared for this one (failure 2's window).
+            # reuses free cached blocks meanwhile -- here its hit's tail, when
+            # no running request holds it (vLLM frees tails first, so they go
+            # early). Its next lookup then finds a shorter hit under the load
+            # saria prepared for this one (failure 2's window).
             self.fail_next_alloc = False
-            if local:
+            if local and local[-1] in self.pool.free:
                 self.pool.drop_hash(local[-1])
             return None
         end = computed + n
