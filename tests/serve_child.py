@@ -12,7 +12,10 @@ found the server). Leading steps set up the run: {"start_after": PATH}
 imports vLLM, then starts the engine only once that file exists (the
 parent's cue: the imports, most of a start, overlap what runs before);
 {"late_stores": PATH} holds every store copy until that file exists (see
-``vllm_harness.late_stores``).
+``vllm_harness.late_stores``); a later {"landed": true} blocks until every
+held copy has run, so the next prompt's steps carry their acks to the
+server (without it, a short prompt could end before the copies did, and
+the acks with the engine).
 """
 
 import json
@@ -37,13 +40,16 @@ if __name__ == "__main__":
     hold = _leading(steps, "late_stores")
     if start_after:
         start_on_cue(start_after)
-    with (late_stores(until=hold) if hold else contextlib.nullcontext()), \
+    with (late_stores(until=hold) if hold else contextlib.nullcontext()) as landed, \
             engine(model, json.loads(address) if address.startswith("{") else
                    {"server": address, "engine_name": name, "server_timeout_s": 0.5}) as llm:
         print("READY", flush=True)
         for step in steps:
             if "wait" in step:
                 wait_for(step["wait"])
+                continue
+            if "landed" in step:
+                landed()
                 continue
             if "breaker_closed" in step:  # the client's probe found the server again
                 from vllm_harness import scheduler_connector

