@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 import time
@@ -11,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from saria.errors import SariaError
 from saria.tiers.remote import (BreakerState, MooncakeMaster, RemoteTier, client_env,
                                 mooncake_available)
 
@@ -219,6 +222,21 @@ def test_master_killed_breaker_opens_then_restart_resumes():
             assert t.get(keys, out).ok.all() and np.array_equal(out, data)
         finally:
             t.close()
+
+
+def test_a_stopped_master_leaves_no_log_and_a_failed_start_keeps_the_one_it_names():
+    """Its own log in the temp folder goes with ``stop`` (a fleet's tests
+    start hundreds); a master that fails to start keeps the log its error
+    names, and a log the caller chose is the caller's."""
+    with MooncakeMaster() as m:
+        assert os.path.exists(m.log_path)
+    assert not os.path.exists(m.log_path)
+    bad = MooncakeMaster(extra_args=("--no_such_flag_saria_test=1",), start_timeout_s=10)
+    with pytest.raises(SariaError, match="see " + re.escape(bad.log_path)):
+        bad.start()
+    bad.stop()
+    assert os.path.exists(bad.log_path)
+    os.unlink(bad.log_path)
 
 
 def test_saria_bench_remote_runs_and_refuses_bad_arguments(tmp_path):

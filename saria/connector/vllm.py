@@ -114,7 +114,8 @@ class SariaConnector(KVConnectorBase_V1, SupportsHMA):
         results = self.get_transfer_results
 
         def get_transfer_results(finished_req_ids):
-            meta = self._connector_metadata  # still bound: vLLM clears it after the output
+            # still bound: vLLM clears it after the output (the base class's accessors)
+            meta = self._get_connector_metadata() if self.has_connector_metadata() else None
             out = results(finished_req_ids)
             clock.close_step(step_kind(meta) if isinstance(meta, SariaMetadata) else "idle")
             return out

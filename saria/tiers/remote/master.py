@@ -88,6 +88,8 @@ class MooncakeMaster:
         self.metrics_port = _free_port(host)  # its admin/metrics server (default 9003: shared)
         self.extra_args = tuple(extra_args)
         self.start_timeout_s = start_timeout_s
+        # a log of our own goes with ``stop`` unless a failed start named it
+        self._own_log = log_path is None
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="saria-mooncake-master-", suffix=".log")
             os.close(fd)
@@ -141,11 +143,13 @@ class MooncakeMaster:
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._own_log = False
                 raise SariaError(f"mooncake_master exited with {self.proc.returncode} at start; "
                                  f"see {self.log_path}")
             if _listening(self.host, self.rpc_port) and _listening(self.host, self.metadata_port):
                 return self
             time.sleep(0.05)
+        self._own_log = False
         self.stop()
         raise SariaError(f"mooncake_master did not listen within {self.start_timeout_s:g} s; "
                          f"see {self.log_path}")
@@ -173,6 +177,11 @@ class MooncakeMaster:
                 self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if self._own_log:
+            try:
+                os.unlink(self.log_path)
+            except OSError:
+                pass
 
     def restart(self) -> "MooncakeMaster":
         """A fresh master on the same ports (without HA it knows no key)."""
